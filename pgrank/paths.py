@@ -1,0 +1,84 @@
+"""Every artifact path of the pipeline, defined once.
+
+``params.yaml``'s ``paths`` section gives three roots; everything else is derived here, and
+``dvc.yaml`` interpolates the same ``paths.*`` keys, so no path literal is written twice.
+
+Layout (``root`` is per profile; ``data`` and ``embeddings`` may be shared by profiles)::
+
+    {data}/{dataset}/corpus.jsonl, queries.jsonl, qrels/{split}.tsv     BEIR folders
+    {embeddings}/{model}--L{len}--{corpus sha}/                          corpus-embedding artifact
+    {root}/splits/{dataset}/qrels/{train,validation}.tsv                 seeded validation carve-out
+    {root}/candidates/{dataset}/{split}.trec                             stage-1 candidate sets (runs)
+    {root}/models/{name}/epoch-{e}/                                      sentence-transformers checkpoints
+    {root}/models/{name}/state/                                          resumable training state
+    {root}/results/{system}/{dataset}/{split}/{stage}/                   metrics.json, per_query.json, run.trec
+    {root}/tables/                                                       Markdown, LaTeX, PNG
+    {root}/mlflow.db                                                     default MLflow store
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from pgrank.config import PathsConfig
+
+
+def slug(name: str) -> str:
+    """A file-system-safe name for a model id or path (``org/model`` -> ``org--model``)."""
+    return re.sub(r"[^\w.-]+", "-", name.strip().rstrip("/").replace("/", "--")).strip("-") or "model"
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Artifact locations, resolved against ``base`` (the project directory)."""
+
+    root: Path
+    data: Path
+    embeddings: Path
+
+    @classmethod
+    def from_config(cls, cfg: PathsConfig, base: str | Path = ".") -> "Paths":
+        base = Path(base).resolve()
+        return cls(root=base / cfg.root, data=base / cfg.data, embeddings=base / cfg.embeddings)
+
+    # ---- data
+    def dataset(self, name: str) -> Path:
+        return self.data / name
+
+    def carved_qrels(self, dataset: str, split: str) -> Path:
+        return self.root / "splits" / dataset / "qrels" / f"{split}.tsv"
+
+    # ---- mining
+    def corpus_embeddings(self, model: str, max_seq_length: int, corpus_sha256: str) -> Path:
+        return self.embeddings / f"{slug(model)}--L{max_seq_length}--{corpus_sha256[:16]}"
+
+    def candidates(self, dataset: str, split: str) -> Path:
+        return self.root / "candidates" / dataset / f"{split}.trec"
+
+    # ---- training
+    def model_dir(self, name: str) -> Path:
+        return self.root / "models" / slug(name)
+
+    def checkpoint(self, name: str, epoch: int) -> Path:
+        return self.model_dir(name) / f"epoch-{epoch}"
+
+    def train_state(self, name: str) -> Path:
+        return self.model_dir(name) / "state"
+
+    # ---- evaluation and tables
+    def results(self, system: str, dataset: str, split: str, stage: str) -> Path:
+        return self.root / "results" / slug(system) / dataset / split / stage
+
+    @property
+    def tables(self) -> Path:
+        return self.root / "tables"
+
+    @property
+    def mlflow_db(self) -> Path:
+        return self.root / "mlflow.db"
+
+    def mlflow_uri(self) -> str:
+        """Absolute sqlite URI of the default store (MLflow's relative default depends on the cwd)."""
+        return f"sqlite:///{self.mlflow_db.resolve()}"

