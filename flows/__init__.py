@@ -1,0 +1,1 @@
+"""Prefect flows that drive the DVC pipeline stages (retries, UI, scheduled retraining)."""
