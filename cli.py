@@ -84,5 +84,81 @@ def params_cmd(
     typer.echo(yaml.safe_dump(data, sort_keys=False).rstrip())
 
 
+@app.command("download")
+def download_cmd(
+    ctx: typer.Context,
+    datasets: Annotated[
+        Optional[list[str]],
+        typer.Argument(help="BEIR dataset names (default: every dataset in data.train and data.eval_sets)."),
+    ] = None,
+    mirror: Annotated[
+        Optional[str],
+        typer.Option(
+            "--mirror", help="Folder or URL replacing BEIR's server (default: $PGRANK_BEIR_MIRROR, then data.mirror)."
+        ),
+    ] = None,
+) -> None:
+    """Download, verify and extract BEIR datasets, then write the validation carve-out of data.train."""
+    from pgrank.download import download
+
+    params = ctx.obj.params()
+    report = download(params, ctx.obj.paths(params), datasets or None, mirror)
+    for item in report.datasets:
+        verified = f", verified by {item.checksum.origin}" if item.checksum else ""
+        typer.echo(f"{item.name}: {item.status}{verified} -> {item.path}")
+    if report.carve_out is not None:
+        carve = report.carve_out
+        typer.echo(
+            f"{carve.dataset}/{carve.split}: {carve.train_queries} train-pg + {carve.validation_queries} validation"
+            f" queries -> {carve.train_path.parent}"
+        )
+
+
+@app.command("mine")
+def mine_cmd(
+    ctx: typer.Context,
+    dataset: Annotated[Optional[str], typer.Option("--dataset", "-d", help="Only this BEIR dataset.")] = None,
+    split: Annotated[
+        Optional[str], typer.Option("--split", help="Only this split (train-pg, validation, dev, test, ...).")
+    ] = None,
+) -> None:
+    """Mine stage-1 candidate sets (default: data.train's train-pg/validation and every data.eval_sets entry)."""
+    from pgrank.mining import mine_splits, select_targets
+
+    params = ctx.obj.params()
+    targets = select_targets(params, dataset, split)
+    for r in mine_splits(params, ctx.obj.paths(params), targets):
+        recall = f", stage-1 recall {r.stage1_recall:.3f}" if r.stage1_recall is not None else ""
+        sizes = f"{r.min_size}" if r.min_size == r.max_size else f"{r.min_size}-{r.max_size}"
+        notes = "".join([
+            f", {r.relevant_missing} relevant pairs not minable (missing from corpus or set)" if r.relevant_missing else "",
+            f", {r.oversized} queries with more relevant documents than mine.candidates" if r.oversized else "",
+        ])
+        typer.echo(f"{r.dataset}/{r.split}: {r.queries} queries x {sizes} candidates ({r.source}){recall}{notes} -> {r.path}")
+
+
+@app.command("train")
+def train_cmd(
+    ctx: typer.Context,
+    warm_start: Annotated[
+        Optional[str],
+        typer.Option("--warm-start", "-w", help="Model to start from (alias, hub id or folder; default: each of train.warm_starts)."),
+    ] = None,
+    device: Annotated[Optional[str], typer.Option("--device", help="cpu, cuda, cuda:1 (default: CUDA when present).")] = None,
+) -> None:
+    """Train Neural PG-Rank policies from their warm starts (runs data-parallel under torchrun)."""
+    from pgrank.training import train
+
+    params = ctx.obj.params()
+    paths = ctx.obj.paths(params)
+    for name in [warm_start] if warm_start else params.train.warm_starts:
+        result = train(params, paths, name, device=device)
+        first, last = result.history[0], result.history[-1]
+        typer.echo(
+            f"{name}: validation nDCG@10 {first.get('val_ndcg@10', float('nan')):.4f} (epoch 0) -> "
+            f"{last.get('val_ndcg@10', float('nan')):.4f} (epoch {last['epoch']}); model -> {result.final}"
+        )
+
+
 if __name__ == "__main__":
     app()

@@ -71,6 +71,7 @@ class ModelsConfig(_Section):
 
 
 class TrackingConfig(_Section):
+    enabled: bool = True
     experiment: str = "pgrank"
     registered_model: str = "pgrank-retriever"
     champion_alias: str = "champion"
@@ -105,6 +106,9 @@ class MineConfig(_Section):
     max_seq_length: PositiveInt = 512
     chunk_size: PositiveInt = Field(default=65536, description="documents per embedding shard")
     bm25: Bm25Config = Bm25Config()
+    published_dir: str | None = Field(
+        default=None, description="folder holding the authors' candidate files (source: published); null: download from the hub"
+    )
 
 
 class PolicyGradientConfig(_Section):
