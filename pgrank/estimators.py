@@ -31,6 +31,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal, NamedTuple
 
 import torch
@@ -66,7 +67,7 @@ def policy_gradient(
     temperature: float = 1.0,
     entropy_coef: float = 0.0,
     entropy: Literal["top1", "ranking"] = "top1",
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | Sequence[torch.Generator] | None = None,
 ) -> PGOutput:
     """The policy-gradient surrogate with its diagnostics. See :func:`pg_loss` for the arguments."""
     if scores.dim() != 2 or relevance.shape != scores.shape:
@@ -126,7 +127,7 @@ def pg_loss(
     temperature: float = 1.0,
     entropy_coef: float = 0.0,
     entropy: Literal["top1", "ranking"] = "top1",
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | Sequence[torch.Generator] | None = None,
 ) -> Tensor:
     """Surrogate loss of Neural PG-Rank; ``-d loss / d scores`` is the policy-gradient estimate.
 
@@ -142,7 +143,8 @@ def pg_loss(
         temperature: ``T``; the policy is ``PL(scores / T)`` (paper: 0.05).
         entropy_coef: weight of the entropy bonus (paper: 0.01).
         entropy: ``"top1"`` (exact) or ``"ranking"`` (sampled), see the module docstring.
-        generator: RNG for the Gumbel noise.
+        generator: RNG for the Gumbel noise, or one generator per query (see
+            :func:`pgrank.policy.sample_rankings`).
 
     Returns:
         Scalar loss: the mean over queries and samples of the negated surrogate objective.

@@ -15,6 +15,8 @@ References:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
@@ -41,7 +43,7 @@ def sample_rankings(
     num_samples: int = 1,
     *,
     k: int | None = None,
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | Sequence[torch.Generator] | None = None,
 ) -> Tensor:
     """Draw ``num_samples`` rankings per query from PL(logits) with the Gumbel-max trick.
 
@@ -54,7 +56,10 @@ def sample_rankings(
         mask: ``(B, n)`` bool, ``True`` for real candidates. ``None`` means all real.
         num_samples: ``N``, rankings per query.
         k: number of leading places to draw (``None`` or ``>= n``: the full ranking).
-        generator: torch RNG for reproducible draws (must live on ``logits.device``).
+        generator: torch RNG for reproducible draws (must live on ``logits.device``), or one
+            generator per query: then each query's rankings depend only on its own generator, not
+            on which other queries share the batch (data-parallel shards sample what one process
+            would).
 
     Returns:
         ``(B, N, K)`` long tensor of candidate indices, ``K = min(k, n)``. For a query with fewer than
@@ -76,12 +81,15 @@ def sample_rankings(
     with torch.no_grad():
         lg = logits.detach().to(_work_dtype(logits)).masked_fill(~mask, float("-inf"))
         out = torch.empty(B, num_samples, K, dtype=torch.long, device=logits.device)
-        chunk = max(1, _MAX_GUMBEL_ELEMENTS // max(1, num_samples * n))
+        per_query = isinstance(generator, (list, tuple))
+        if per_query and len(generator) != B:
+            raise ValueError(f"got {len(generator)} generators for {B} queries")
+        chunk = 1 if per_query else max(1, _MAX_GUMBEL_ELEMENTS // max(1, num_samples * n))
         for b0 in range(0, B, chunk):  # a loop over query chunks only, to bound memory
             sub = lg[b0 : b0 + chunk].unsqueeze(1)  # (c, 1, n)
             # Gumbel(0,1) = -log(Exp(1)): one RNG draw and one log per element.
             noise = torch.empty(sub.shape[0], num_samples, n, dtype=lg.dtype, device=lg.device)
-            noise.exponential_(generator=generator).log_().neg_()
+            noise.exponential_(generator=generator[b0] if per_query else generator).log_().neg_()
             noise.add_(sub)  # (c, N, n) perturbed logits
             if K == n:
                 out[b0 : b0 + chunk] = noise.argsort(dim=-1, descending=True)

@@ -1,0 +1,113 @@
+"""MLflow tracking, kept at the edges: stage functions call this module, the math never does.
+
+* Store: ``MLFLOW_TRACKING_URI`` if set, else ``tracking.uri``, else an sqlite file under
+  ``paths.root`` at an absolute URI (MLflow's own default depends on the working directory).
+* Runs: each stage opens :func:`stage_run`. When ``PGRANK_MLFLOW_PARENT_RUN_ID`` is set (the pipeline
+  driver sets it), the stage run is nested under that parent run, so one pipeline execution is one
+  parent run with nested runs per stage and dataset.
+* Metric names: MLflow rejects ``@``; :func:`metric_name` writes ``ndcg@10`` as ``ndcg_at_10``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from pgrank.config import Params
+from pgrank.paths import Paths
+
+PARENT_ENV = "PGRANK_MLFLOW_PARENT_RUN_ID"
+
+
+def tracking_uri(params: Params, paths: Paths) -> str:
+    return os.environ.get("MLFLOW_TRACKING_URI") or params.tracking.uri or paths.mlflow_uri()
+
+
+def metric_name(name: str) -> str:
+    """``ndcg@10`` -> ``ndcg_at_10``; any other character MLflow rejects becomes ``_``."""
+    return re.sub(r"[^\w\-. /]", "_", name.replace("@", "_at_"))
+
+
+def flatten(obj: Any, prefix: str = "") -> dict[str, str]:
+    """Dotted ``key -> str(value)`` pairs of a nested mapping (for ``log_params``)."""
+    if isinstance(obj, Mapping):
+        out: dict[str, str] = {}
+        for k, v in obj.items():
+            out.update(flatten(v, f"{prefix}{k}."))
+        return out
+    return {prefix.rstrip("."): str(obj)[:6000]}
+
+
+def configure(params: Params, paths: Paths) -> None:
+    import mlflow
+
+    uri = tracking_uri(params, paths)
+    if uri.startswith("sqlite:///"):
+        os.makedirs(os.path.dirname(uri.removeprefix("sqlite:///")), exist_ok=True)
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_experiment(params.tracking.experiment)
+
+
+@contextlib.contextmanager
+def stage_run(
+    params: Params,
+    paths: Paths,
+    name: str,
+    *,
+    log_params: Mapping[str, Any] | None = None,
+    tags: Mapping[str, str] | None = None,
+    enabled: bool = True,
+) -> Iterator[Any]:
+    """Open the MLflow run of one stage (nested under the pipeline's parent run when there is one).
+
+    Yields the active ``mlflow.ActiveRun``, or ``None`` when ``enabled`` is false (e.g. on
+    non-zero DDP ranks), in which case every logging helper here is a no-op.
+    """
+    if not enabled:
+        yield None
+        return
+    import mlflow
+
+    configure(params, paths)
+    parent = os.environ.get(PARENT_ENV)
+    with mlflow.start_run(run_name=name, nested=bool(parent), parent_run_id=parent or None, tags=dict(tags or {})) as run:
+        if log_params:
+            items = flatten(dict(log_params))
+            keys = list(items)
+            for i in range(0, len(keys), 100):  # MLflow caps a batch at 100 params
+                mlflow.log_params({k: items[k] for k in keys[i : i + 100]})
+        yield run
+
+
+def log_metrics(run: Any, metrics: Mapping[str, float], step: int | None = None) -> None:
+    if run is None:
+        return
+    import mlflow
+
+    mlflow.log_metrics({metric_name(k): float(v) for k, v in metrics.items()}, step=step)
+
+
+def log_artifact(run: Any, path: str, artifact_path: str | None = None) -> None:
+    if run is None:
+        return
+    import mlflow
+
+    mlflow.log_artifact(path, artifact_path=artifact_path)
+
+
+def log_model(run: Any, model: Any, *, registered_name: str | None, name: str = "model") -> str | None:
+    """Log a sentence-transformers model with MLflow's flavor; register it when a name is given.
+
+    Returns:
+        The registered model version (as a string), or ``None``.
+    """
+    if run is None:
+        return None
+    import mlflow
+
+    info = mlflow.sentence_transformers.log_model(model, name=name, registered_model_name=registered_name)
+    version = getattr(info, "registered_model_version", None)
+    return None if version is None else str(version)

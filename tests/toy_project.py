@@ -1,0 +1,80 @@
+"""A tiny BEIR-shaped project on disk: corpus, queries, qrels, carve-out, candidate runs, params.
+
+The corpus is synthetic but structured: every query shares topic words with its relevant documents,
+so even a small encoder can learn the task. Used by the training tests with the tiny in-code BERT.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import yaml
+
+from pgrank.candidates import write_candidates
+from pgrank.config import Params, parse_params
+from pgrank.data import write_carve_out
+from pgrank.paths import Paths
+
+ROOT = Path(__file__).resolve().parents[1]
+TOPICS = ["protein folding", "solar wind", "tax policy", "river delta", "neural network", "coral reef",
+          "vaccine trial", "bond market", "glacier melt", "quantum dot", "soil carbon", "jet engine"]
+FILLER = "the of and in study results data method analysis effect model new large small".split()
+
+
+def write_dataset(folder: Path, *, docs_per_topic: int = 6, queries_per_topic: int = 2, seed: int = 0) -> None:
+    rng = random.Random(seed)
+    (folder / "qrels").mkdir(parents=True, exist_ok=True)
+    corpus, queries, qrels = [], [], []
+    for t, topic in enumerate(TOPICS):
+        for j in range(docs_per_topic):
+            words = topic.split() * 2 + rng.sample(FILLER, 6)
+            rng.shuffle(words)
+            corpus.append({"_id": f"d{t}-{j}", "title": topic.title() if j % 2 else "", "text": " ".join(words)})
+        for j in range(queries_per_topic):
+            qid = f"q{t}-{j}"
+            queries.append({"_id": qid, "text": f"what is known about {topic} {rng.choice(FILLER)}"})
+            for rel_doc in range(2):  # two relevant documents, graded 2 and 1
+                qrels.append((qid, f"d{t}-{(j + rel_doc) % docs_per_topic}", 2 - rel_doc))
+    (folder / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in corpus))
+    (folder / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries))
+    lines = ["query-id\tcorpus-id\tscore"] + [f"{q}\t{d}\t{s}" for q, d, s in qrels]
+    (folder / "qrels" / "train.tsv").write_text("\r\n".join(lines) + "\r\n")
+
+
+def make_project(tmp: Path, model_dir: Path, *, overrides: dict | None = None, candidates: int = 10) -> tuple[Params, Paths]:
+    """Write the toy dataset, carve-out and candidate runs; return (params, paths)."""
+    doc = yaml.safe_load((ROOT / "params.yaml").read_text())
+    doc["paths"] = {"root": str(tmp / "runs"), "data": str(tmp / "data"), "embeddings": str(tmp / "emb")}
+    doc["data"].update({"train": "toy/train", "validation_size": 6, "eval_sets": ["toy/train"], "mirror": None})
+    doc["tracking"]["enabled"] = False
+    doc["mine"].update({"batch_size": 16, "chunk_size": 32})
+    doc["train"].update({
+        "warm_starts": [str(model_dir)], "tower": "query", "epochs": 2, "batch_size": 6, "learning_rate": 1e-3,
+        "keep_epochs": [0, 1, 2], "max_query_length": 32, "max_doc_length": 32, "grad_chunk_size": 7, "seed": 3,
+    })
+    doc["train"]["pg"].update({"num_samples": 8})
+    for key, value in (overrides or {}).items():
+        node = doc
+        *head, last = key.split(".")
+        for part in head:
+            node = node[part]
+        node[last] = value
+    params = parse_params(doc, "test-params")
+    paths = Paths.from_config(params.paths)
+    write_dataset(paths.dataset("toy"))
+    write_carve_out(paths, params.data)
+    rng = random.Random(1)
+    corpus_ids = [json.loads(line)["_id"] for line in (paths.dataset("toy") / "corpus.jsonl").read_text().splitlines()]
+    from pgrank.data import load_topics
+
+    for split in ("train-pg", "validation"):
+        _, qrels = load_topics(paths, "toy", split)
+        run = {}
+        for qid, judged in qrels.items():
+            others = [d for d in corpus_ids if d not in judged]
+            chosen = list(judged) + rng.sample(others, candidates - len(judged))
+            run[qid] = [(d, float(candidates - i)) for i, d in enumerate(chosen)]
+        write_candidates(paths.candidates("toy", split), run, "test")
+    return params, paths
