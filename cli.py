@@ -5,7 +5,7 @@ mlflow) are imported inside the commands so that ``pgrank --help`` answers at on
 
 Global options come before the subcommand::
 
-    pgrank --params params.yaml --set train.epochs=2 params
+    pgrank --params params.yaml --profile demo --set train.epochs=2 params
 """
 
 from __future__ import annotations
@@ -40,14 +40,15 @@ app = _App(
 
 
 class _Context:
-    def __init__(self, params_file: Path, overrides: list[str]):
+    def __init__(self, params_file: Path, profile: str | None, overrides: list[str]):
         self.params_file = params_file
+        self.profile = profile
         self.overrides = overrides
 
     def params(self):
         from pgrank.config import load_params
 
-        return load_params(self.params_file, self.overrides)
+        return load_params(self.params_file, self.overrides, self.profile)
 
     def paths(self, params):
         from pgrank.paths import Paths
@@ -59,12 +60,17 @@ class _Context:
 def _main(
     ctx: typer.Context,
     params: Annotated[Path, typer.Option("--params", "-p", help="The params file.")] = Path("params.yaml"),
+    profile: Annotated[
+        Optional[str],
+        typer.Option("--profile", "-P", envvar="PGRANK_PROFILE",
+                     help="Lay profiles/NAME.yaml over the params file, e.g. demo (default: none, the paper)."),
+    ] = None,
     set_: Annotated[
         Optional[list[str]],
         typer.Option("--set", "-s", help="Override a key, e.g. --set train.epochs=2 (repeatable)."),
     ] = None,
 ) -> None:
-    ctx.obj = _Context(params, list(set_ or []))
+    ctx.obj = _Context(params, profile, list(set_ or []))
 
 
 @app.command("params")
@@ -158,6 +164,39 @@ def train_cmd(
             f"{name}: validation nDCG@10 {first.get('val_ndcg@10', float('nan')):.4f} (epoch 0) -> "
             f"{last.get('val_ndcg@10', float('nan')):.4f} (epoch {last['epoch']}); model -> {result.final}"
         )
+
+
+@app.command("evaluate")
+def evaluate_cmd(
+    ctx: typer.Context,
+    system: Annotated[Optional[list[str]], typer.Option("--system", "-m", help="System(s): evaluate.systems entries or pgrank-<warm start> (default: all).")] = None,
+    dataset: Annotated[Optional[list[str]], typer.Option("--dataset", "-d", help="Dataset(s) of data.eval_sets (default: all).")] = None,
+) -> None:
+    """Evaluate systems as second-stage rerankers and first-stage retrievers; write metrics, per-query values and runs."""
+    from pgrank.evaluation import evaluate_dataset, policy_systems
+
+    params = ctx.obj.params()
+    paths = ctx.obj.paths(params)
+    for name in system or [*params.evaluate.systems, *policy_systems(params)]:
+        for ds in dataset or list(params.data.eval_sets_by_dataset()):
+            for r in evaluate_dataset(params, paths, name, ds):
+                typer.echo(f"{r.system} {r.dataset}/{r.split} {r.stage}: nDCG@10 {r.metrics['ndcg@10']:.4f}, "
+                           f"MRR@10 {r.metrics['mrr@10']:.4f}, R@100 {r.metrics['recall@100']:.4f} -> {r.folder}")
+
+
+@app.command("tables")
+def tables_cmd(ctx: typer.Context) -> None:
+    """Regenerate the paper's tables (Markdown, LaTeX) and figures (PNG) from the metrics files, next to the paper's numbers."""
+    from pgrank.tables import MAIN_TABLES, make_tables
+
+    params = ctx.obj.params()
+    written = make_tables(params, ctx.obj.paths(params))
+    by_name = {path.name: path for path in written}
+    for name in MAIN_TABLES:
+        if f"{name}.md" in by_name:
+            typer.echo(by_name[f"{name}.md"].read_text(encoding="utf-8"))
+    for path in written:
+        typer.echo(f"-> {path}")
 
 
 if __name__ == "__main__":

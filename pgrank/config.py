@@ -85,9 +85,42 @@ class TrackingConfig(_Section):
 class DataConfig(_Section):
     mirror: str | None = Field(default=None, description="Folder or URL replacing BEIR's base URL.")
     train: str = Field(pattern=r"^[\w.-]+/[\w.-]+$", description="dataset/split used for training")
+
+    @field_validator("train", mode="before")
+    @classmethod
+    def _train_mapping(cls, value: Any) -> Any:
+        """``{dataset: msmarco, split: train}`` (the form dvc.yaml interpolates) -> ``"msmarco/train"``."""
+        if isinstance(value, dict):
+            if set(value) != {"dataset", "split"}:
+                raise ValueError("expected {dataset: NAME, split: NAME} or 'dataset/split'")
+            return f"{value['dataset']}/{value['split']}"
+        return value
     validation_size: PositiveInt = 7000
     validation_seed: int = 13
-    eval_sets: list[Annotated[str, Field(pattern=r"^[\w.-]+/[\w.-]+$")]] = Field(min_length=1)
+    eval_sets: list[Annotated[str, Field(pattern=r"^[\w.-]+/[\w.-]+$")]] = Field(
+        min_length=1, description="dataset/split ids; in YAML a mapping {dataset: [splits]} (what DVC fans out over) or a list")
+
+    @field_validator("eval_sets", mode="before")
+    @classmethod
+    def _mapping_form(cls, value: Any) -> Any:
+        """``{msmarco: [dev, test], scifact: [test]}`` -> ``["msmarco/dev", "msmarco/test", "scifact/test"]``."""
+        if not isinstance(value, dict):
+            return value
+        ids = []
+        for dataset, splits in value.items():
+            splits = [splits] if isinstance(splits, str) else splits
+            if not isinstance(splits, list) or not splits:
+                raise ValueError(f"{dataset}: expected a list of splits, e.g. [test]")
+            ids += [f"{dataset}/{split}" for split in splits]
+        return ids
+
+    def eval_sets_by_dataset(self) -> dict[str, list[str]]:
+        """The evaluation sets as ``{dataset: [splits]}``, in order (the form DVC fans out over)."""
+        out: dict[str, list[str]] = {}
+        for eval_set in self.eval_sets:
+            dataset, split = eval_set.split("/")
+            out.setdefault(dataset, []).append(split)
+        return out
 
 
 class Bm25Config(_Section):
@@ -158,10 +191,13 @@ class SignificanceConfig(_Section):
 
 class EvaluateConfig(_Section):
     stages: list[Literal["rerank", "full"]] = Field(default_factory=lambda: ["rerank", "full"])
-    systems: list[str] = Field(min_length=1)
+    systems: list[str] = Field(min_length=1, description="comparison systems, warm starts included")
+    policy_epochs: list[NonNegInt] = Field(default_factory=list, description="extra epochs of each policy to rerank with")
     ks: list[PositiveInt] = Field(default_factory=lambda: [1, 3, 5, 10])
     top_k: PositiveInt = 1000
     batch_size: PositiveInt = 128
+    max_seq_length: PositiveInt = 512
+    sparse_systems: list[str] = Field(default_factory=lambda: ["splade-v2"])
     ignore_identical_ids: bool = True
     significance: SignificanceConfig = SignificanceConfig()
 
@@ -202,6 +238,33 @@ def _key_lines(node: yaml.Node, prefix: tuple = ()) -> dict[tuple, int]:
     return lines
 
 
+def _read_yaml(path: Path) -> tuple[dict, dict[tuple, str]]:
+    """The document and, for every key path, where it was written (``file:line``)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    try:
+        node = yaml.compose(text)
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise ConfigError(f"{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    if doc is not None and not isinstance(doc, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections at the top level")
+    lines = _key_lines(node) if node is not None else {}
+    return doc or {}, {key: f"{path}:{line}" for key, line in lines.items()}
+
+
+def _merge(base: dict, overlay: dict) -> dict:
+    """Deep merge: mappings merge key by key, anything else (lists too) is replaced."""
+    out = dict(base)
+    for key, value in overlay.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
 def _set_override(doc: dict, override: str) -> None:
     if "=" not in override:
         raise ConfigError(f"override {override!r}: expected KEY=VALUE, e.g. train.epochs=2")
@@ -233,6 +296,10 @@ def _consistency(params: Params) -> list[tuple[tuple, str]]:
     for i, name in enumerate(params.train.warm_starts):
         if not name.strip():
             problems.append((("train", "warm_starts", i), "empty model name"))
+    for i, name in enumerate(params.evaluate.systems):
+        if name.startswith("pgrank-") or "@" in name:
+            problems.append((("evaluate", "systems", i), f"{name!r}: list comparison systems here; the policies "
+                             "pgrank-<warm start> are evaluated for every train.warm_starts entry"))
     bad_epochs = [e for e in params.train.keep_epochs if e > params.train.epochs]
     if bad_epochs:
         problems.append(
@@ -241,18 +308,13 @@ def _consistency(params: Params) -> list[tuple[tuple, str]]:
     return problems
 
 
-def _format(file: str, lines: dict[tuple, int], loc: tuple, msg: str, overridden: dict[tuple, str]) -> str:
-    # A key set by an override is reported against the override, not the file.
-    for key, text in overridden.items():
-        if loc[: len(key)] == key:
-            return f"{file} (override --set {text}): {'.'.join(str(p) for p in loc)}: {msg}"
-    # Walk up the key path until a key with a known line is found (missing keys have none).
-    line = None
+def _format(default: str, origins: dict[tuple, str], loc: tuple, msg: str) -> str:
+    # Walk up the key path to the nearest key whose origin is known (missing keys have none).
+    where = default
     for cut in range(len(loc), 0, -1):
-        if loc[:cut] in lines:
-            line = lines[loc[:cut]]
+        if loc[:cut] in origins:
+            where = origins[loc[:cut]]
             break
-    where = f"{file}:{line}" if line else file
     return f"{where}: {'.'.join(str(p) for p in loc)}: {msg}"
 
 
@@ -270,59 +332,63 @@ def _pydantic_message(err: dict) -> str:
     return msg
 
 
-def parse_params(
-    doc: Any,
-    file: str = "params.yaml",
-    lines: dict[tuple, int] | None = None,
-    overridden: dict[tuple, str] | None = None,
-) -> Params:
+def parse_params(doc: Any, file: str = "params.yaml", origins: dict[tuple, str] | None = None) -> Params:
     """Validate an already-loaded mapping. Raises :class:`ConfigError` naming file, line and key.
 
-    ``lines`` maps key paths to line numbers; ``overridden`` maps key paths to the ``key=value``
-    override that set them, so that errors point at the override rather than the file.
+    ``origins`` maps key paths to where they were set (``params.yaml:12``, a profile's line, or a
+    ``--set`` override); keys without one are reported against ``file``.
     """
-    lines, overridden = lines or {}, overridden or {}
+    origins = origins or {}
     if not isinstance(doc, dict):
         raise ConfigError(f"{file}: expected a mapping of sections at the top level")
     try:
         params = Params.model_validate(doc)
     except ValidationError as exc:
-        messages = [_format(file, lines, tuple(e["loc"]), _pydantic_message(e), overridden) for e in exc.errors()]
-        raise ConfigError("\n".join(messages)) from None
+        raise ConfigError("\n".join(_format(file, origins, tuple(e["loc"]), _pydantic_message(e)) for e in exc.errors())) from None
     problems = _consistency(params)
     if problems:
-        raise ConfigError("\n".join(_format(file, lines, loc, msg, overridden) for loc, msg in problems))
+        raise ConfigError("\n".join(_format(file, origins, loc, msg) for loc, msg in problems))
     return params
 
 
-def load_params(path: str | Path = "params.yaml", overrides: list[str] | tuple[str, ...] = ()) -> Params:
-    """Read, override and validate ``params.yaml``.
+def profile_path(params_file: str | Path, profile: str) -> Path:
+    """Where profile ``name`` lives: ``profiles/<name>.yaml`` beside the params file."""
+    return Path(params_file).parent / "profiles" / f"{profile}.yaml"
+
+
+def load_params(
+    path: str | Path = "params.yaml",
+    overrides: list[str] | tuple[str, ...] = (),
+    profile: str | None = None,
+) -> Params:
+    """Read ``params.yaml``, lay a profile and overrides over it, and validate the result.
 
     Args:
-        path: the YAML file.
+        path: the YAML file (as committed: the paper's configuration).
         overrides: ``dotted.key=value`` strings, values parsed as YAML (``train.epochs=2``).
+        profile: a profile name, e.g. ``"demo"``: ``profiles/demo.yaml`` (beside ``path``) is
+            deep-merged over the file before the overrides.
 
     Returns:
         The frozen :class:`Params`.
 
     Raises:
-        ConfigError: the file is missing or not YAML, or a key is unknown, mistyped or out of range.
+        ConfigError: a file is missing or not YAML, or a key is unknown, mistyped or out of range
+            (the message names the file, line and key that set it).
     """
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such file") from None
-    try:
-        node = yaml.compose(text)
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise ConfigError(f"{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
-    lines = _key_lines(node) if node is not None else {}
-    doc = doc if doc is not None else {}
+    doc, origins = _read_yaml(path)
+    if profile:
+        overlay_path = profile_path(path, profile)
+        if not overlay_path.is_file():
+            known = sorted(p.stem for p in overlay_path.parent.glob("*.yaml"))
+            raise ConfigError(f"{overlay_path}: no profile {profile!r} (known: {', '.join(known) or 'none'})")
+        overlay, overlay_origins = _read_yaml(overlay_path)
+        doc = _merge(doc, overlay)
+        origins.update(overlay_origins)
     for override in overrides:
         _set_override(doc, override)
-    overridden = {tuple(o.split("=", 1)[0].strip().split(".")): o for o in overrides}
-    return parse_params(doc, str(path), lines, overridden)
+        key = tuple(override.split("=", 1)[0].strip().split("."))
+        origins = {k: v for k, v in origins.items() if k[: len(key)] != key}
+        origins[key] = f"{path} (override --set {override})"
+    return parse_params(doc, str(path), origins)

@@ -9,9 +9,12 @@ Layout (``root`` is per profile; ``data`` and ``embeddings`` may be shared by pr
     {embeddings}/{model}--L{len}--{corpus sha}/                          corpus-embedding artifact
     {root}/splits/{dataset}/qrels/{train,validation}.tsv                 seeded validation carve-out
     {root}/candidates/{dataset}/{split}.trec                             stage-1 candidate sets (runs)
+    {root}/training-sets/{dataset}/{train-pg,validation}.trec            candidate sets of the carved splits
     {root}/models/{name}/epoch-{e}/                                      sentence-transformers checkpoints
     {root}/models/{name}/state/                                          resumable training state
-    {root}/results/{system}/{dataset}/{split}/{stage}/                   metrics.json, per_query.json, run.trec
+    {root}/training/{name}/curve.csv, history.json                       training curves
+    {root}/results/{system}/{dataset}/[epoch-{e}/]{split}/{stage}/       metrics.json, per_query.json, run.trec
+    {root}/metrics/{system}/{dataset}.json                               every split and stage, for DVC
     {root}/tables/                                                       Markdown, LaTeX, PNG
     {root}/mlflow.db                                                     default MLflow store
 """
@@ -23,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pgrank.config import PathsConfig
+
+CARVED_SPLITS = ("train-pg", "validation")
 
 
 def slug(name: str) -> str:
@@ -55,7 +60,9 @@ class Paths:
         return self.embeddings / f"{slug(model)}--L{max_seq_length}--{corpus_sha256[:16]}"
 
     def candidates(self, dataset: str, split: str) -> Path:
-        return self.root / "candidates" / dataset / f"{split}.trec"
+        """Candidate sets; the carved training splits live apart from the evaluation ones (own DVC stage)."""
+        folder = "training-sets" if split in CARVED_SPLITS else "candidates"
+        return self.root / folder / dataset / f"{split}.trec"
 
     # ---- training
     def model_dir(self, name: str) -> Path:
@@ -67,9 +74,20 @@ class Paths:
     def train_state(self, name: str) -> Path:
         return self.model_dir(name) / "state"
 
+    def training_log(self, name: str) -> Path:
+        """``curve.csv`` (per step) and ``history.json`` (per epoch): DVC plots, apart from the model."""
+        return self.root / "training" / slug(name)
+
     # ---- evaluation and tables
     def results(self, system: str, dataset: str, split: str, stage: str) -> Path:
-        return self.root / "results" / slug(system) / dataset / split / stage
+        """Results of ``system`` (``pgrank-X@E``: epoch ``E`` of ``pgrank-X``, kept beside it)."""
+        base, _, epoch = system.partition("@")
+        folder = self.root / "results" / slug(base) / dataset
+        return (folder / f"epoch-{epoch}" if epoch else folder) / split / stage
+
+    def metrics_summary(self, system: str, dataset: str) -> Path:
+        """One JSON of every split and stage of ``system`` on ``dataset`` (DVC metrics)."""
+        return self.root / "metrics" / slug(system) / f"{dataset}.json"
 
     @property
     def tables(self) -> Path:

@@ -202,9 +202,9 @@ def _frozen_documents(params: Params, paths: Paths, ref, dataset: str, corpus_lo
 def train(params: Params, paths: Paths, warm_start: str, *, device: str | None = None, progress: bool = True) -> TrainResult:
     """Train Neural PG-Rank from ``warm_start`` (an alias, hub id or folder) on ``data.train``.
 
-    Writes ``Paths.checkpoint(warm_start, e)`` for every kept epoch (and the last), ``history.json``
-    (per-epoch validation metrics) and ``curve.csv`` (per-step loss, utility, gradient norm,
-    entropy) under ``Paths.model_dir(warm_start)``.
+    Writes ``Paths.checkpoint(warm_start, e)`` for every kept epoch (and the last), and under
+    ``Paths.training_log(warm_start)`` ``history.json`` (per-epoch validation metrics) and
+    ``curve.csv`` (per-step loss, utility, gradient norm, entropy).
 
     Raises:
         TrainingError: missing candidates, or a non-finite loss or gradient (the last good
@@ -257,7 +257,7 @@ def train(params: Params, paths: Paths, warm_start: str, *, device: str | None =
     else:
         state = checkpoints.TrainerState(epoch=0, step=0, fingerprint=fingerprint)
         if world.is_main:
-            (model_dir / "curve.csv").unlink(missing_ok=True)  # a fresh run starts a fresh curve
+            (paths.training_log(warm_start) / "curve.csv").unlink(missing_ok=True)  # a fresh run starts a fresh curve
     model.train()
     forward = distributed.wrap(model, world, dev)
     no_sync = distributed.no_sync(forward)
@@ -326,7 +326,7 @@ def train(params: Params, paths: Paths, warm_start: str, *, device: str | None =
                 state.epoch = epoch
                 state.optimizer, state.scheduler = optimizer.state_dict(), scheduler.state_dict()
                 checkpoints.capture_rng(state)
-                _append_curve(model_dir / "curve.csv", curve)
+                _append_curve(paths.training_log(warm_start) / "curve.csv", curve)
                 curve = []
                 checkpoints.save_state(state_dir, model, state)
             distributed.barrier(world)
@@ -334,9 +334,9 @@ def train(params: Params, paths: Paths, warm_start: str, *, device: str | None =
         final = paths.checkpoint(warm_start, cfg.epochs)
         version = None
         if world.is_main:
-            write_json(model_dir / "history.json", state.history)
+            write_json(paths.training_log(warm_start) / "history.json", state.history)
             if run is not None:
-                tracking.log_artifact(run, str(model_dir / "history.json"))
+                tracking.log_artifact(run, str(paths.training_log(warm_start) / "history.json"))
                 from sentence_transformers import SentenceTransformer
 
                 version = tracking.log_model(run, SentenceTransformer(str(final), device="cpu"),

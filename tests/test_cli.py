@@ -25,7 +25,7 @@ def test_help_is_fast_and_imports_nothing_heavy():
 
 
 def test_params_command_prints_the_resolved_section():
-    out = run("--set", "train.epochs=3", "--set", "train.keep_epochs=[0, 3]", "params", "train")
+    out = run("--set", "train.epochs=3", "--set", "train.keep_epochs=[0, 3]", "--set", "evaluate.policy_epochs=[]", "params", "train")
     assert out.returncode == 0, out.stderr
     assert "epochs: 3" in out.stdout and "temperature: 0.05" in out.stdout
 

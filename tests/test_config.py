@@ -89,3 +89,23 @@ def test_not_yaml_and_missing_file(tmp_path):
         load_params(path)
     with pytest.raises(ConfigError, match="no such file"):
         load_params(tmp_path / "absent.yaml")
+
+
+def test_demo_profile_overlays_the_paper_params():
+    paper, demo = load_params(PARAMS), load_params(PARAMS, profile="demo")
+    assert demo.paths.root == "runs/demo" != paper.paths.root
+    assert (demo.train.tower, demo.mine.candidates, demo.train.warm_starts) == ("query", 100, ["minilm"])
+    assert demo.data.eval_sets == ["scifact/test"]
+    assert demo.train.pg.utility == paper.train.pg.utility  # untouched keys keep the paper's values
+    assert demo.mine.bm25 == paper.mine.bm25
+    assert load_params(PARAMS, ["train.epochs=2", "train.keep_epochs=[0]"], profile="demo").train.epochs == 2
+
+
+def test_profile_errors_name_the_profile_file_and_line(tmp_path):
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "params.yaml").write_text(PARAMS.read_text())
+    (tmp_path / "profiles" / "small.yaml").write_text("train:\n  epochs: 2\n  keep_epochs: [0]\n  pg:\n    temprature: 1\n")
+    msg = str(pytest.raises(ConfigError, load_params, tmp_path / "params.yaml", profile="small").value)
+    assert f"{tmp_path / 'profiles' / 'small.yaml'}:5: train.pg.temprature: unknown key" in msg
+    msg = str(pytest.raises(ConfigError, load_params, tmp_path / "params.yaml", profile="nope").value)
+    assert "no profile 'nope'" in msg and "small" in msg

@@ -113,7 +113,7 @@ def test_resume_after_kill_reaches_the_same_weights(tmp_path, tiny_model_dir, mo
     assert wa.keys() == wb.keys()
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     assert [round(h["val_ndcg@10"], 12) for h in full.history] == [round(h["val_ndcg@10"], 12) for h in resumed.history]
-    assert (full.model_dir / "curve.csv").read_text() == (resumed.model_dir / "curve.csv").read_text()
+    assert (paths.training_log(str(tiny_model_dir)) / "curve.csv").read_text() == (paths_b.training_log(str(tiny_model_dir)) / "curve.csv").read_text()
 
 
 def test_nan_guard_stops_and_keeps_the_last_good_checkpoint(tmp_path, tiny_model_dir, monkeypatch):
@@ -232,7 +232,7 @@ def test_mlflow_receives_the_run(tmp_path, tiny_model_dir, monkeypatch):
     (run,) = client.search_runs([exp.experiment_id])
     assert run.data.params["train.pg.utility"] == "ndcg@10" and run.data.tags["stage"] == "train"
     steps = client.get_metric_history(run.info.run_id, "loss")
-    curve = (result.model_dir / "curve.csv").read_text().splitlines()[1:]
+    curve = (paths.training_log(str(tiny_model_dir)) / "curve.csv").read_text().splitlines()[1:]
     assert [m.step for m in steps] == list(range(1, len(curve) + 1))
     assert [round(m.value, 6) for m in steps] == [round(float(row.split(",")[2]), 6) for row in curve]
     assert {"utility", "grad_norm", "entropy", "val_ndcg_at_10", "train_utility"} <= set(run.data.metrics)

@@ -48,6 +48,7 @@ def make_project(tmp: Path, model_dir: Path, *, overrides: dict | None = None, c
     doc = yaml.safe_load((ROOT / "params.yaml").read_text())
     doc["paths"] = {"root": str(tmp / "runs"), "data": str(tmp / "data"), "embeddings": str(tmp / "emb")}
     doc["data"].update({"train": "toy/train", "validation_size": 6, "eval_sets": ["toy/train"], "mirror": None})
+    doc["evaluate"].update({"systems": [str(model_dir)], "policy_epochs": []})
     doc["tracking"]["enabled"] = False
     doc["mine"].update({"batch_size": 16, "chunk_size": 32})
     doc["train"].update({
