@@ -199,5 +199,54 @@ def tables_cmd(ctx: typer.Context) -> None:
         typer.echo(f"-> {path}")
 
 
+@app.command("repro")
+def repro_cmd(
+    ctx: typer.Context,
+    targets: Annotated[Optional[list[str]], typer.Argument(help="DVC stages to reproduce (default: all).")] = None,
+    dry: Annotated[bool, typer.Option("--dry", help="Only print the commands DVC would run.")] = False,
+) -> None:
+    """`dvc repro` the pipeline for --profile/--set (composed into the profile's own DVC workspace)."""
+    from pgrank.workspace import repro
+
+    ws = repro(ctx.obj.params_file, ctx.obj.profile, ctx.obj.overrides, targets or [], dry=dry)
+    typer.echo(f"pipeline workspace: {ws}")
+
+
+@app.command("demo")
+def demo_cmd(ctx: typer.Context) -> None:
+    """Run the CPU demo end to end through DVC (profile `demo`, offline-capable), then print its tables."""
+    from pgrank.config import load_params
+    from pgrank.paths import Paths
+    from pgrank.workspace import repro
+
+    profile = ctx.obj.profile or "demo"
+    ws = repro(ctx.obj.params_file, profile, ctx.obj.overrides)
+    params = load_params(ws / "params.yaml")
+    paths = Paths.from_config(params.paths, base=ws)
+    for name in ("rerank-in-domain", "full-in-domain", "epoch-ablation"):
+        table = paths.tables / f"{name}.md"
+        if table.is_file():
+            typer.echo(table.read_text(encoding="utf-8"))
+    typer.echo(f"All tables and figures: {paths.tables / 'tables.md'}")
+    typer.echo(f"MLflow runs: {paths.mlflow_uri()}\n  open the UI: mlflow ui --backend-store-uri {paths.mlflow_uri()}")
+    typer.echo("Prefect UI: prefect server start --host 127.0.0.1  (then http://127.0.0.1:4200); "
+               f"scheduled retraining: pgrank --profile {profile} schedule --cron '0 3 * * 0'")
+
+
+@app.command("schedule")
+def schedule_cmd(
+    ctx: typer.Context,
+    cron: Annotated[str, typer.Option("--cron", help="Cron string, e.g. '0 3 * * 0' (Sundays 03:00).")],
+    name: Annotated[Optional[str], typer.Option("--name", help="Deployment name (default: retrain-<profile>).")] = None,
+    timezone: Annotated[str, typer.Option("--timezone", help="IANA time zone of the cron string.")] = "UTC",
+) -> None:
+    """Serve scheduled retraining (pipeline, then champion promotion on improvement) on the Prefect server at PREFECT_API_URL."""
+    from flows.retraining import cron_schedule, serve
+
+    cron_schedule(cron, timezone)  # a bad cron string fails before anything is imported or served
+    ctx.obj.params()  # so does a bad configuration
+    serve(ctx.obj.params_file, ctx.obj.profile, ctx.obj.overrides, cron, name=name, timezone=timezone)
+
+
 if __name__ == "__main__":
     app()

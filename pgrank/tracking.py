@@ -60,11 +60,13 @@ def stage_run(
     log_params: Mapping[str, Any] | None = None,
     tags: Mapping[str, str] | None = None,
     enabled: bool = True,
+    nested: bool = True,
 ) -> Iterator[Any]:
     """Open the MLflow run of one stage (nested under the pipeline's parent run when there is one).
 
     Yields the active ``mlflow.ActiveRun``, or ``None`` when ``enabled`` is false (e.g. on
-    non-zero DDP ranks), in which case every logging helper here is a no-op.
+    non-zero DDP ranks), in which case every logging helper here is a no-op. ``nested=False`` opens a
+    top-level run (the pipeline's parent run).
     """
     if not enabled:
         yield None
@@ -72,7 +74,7 @@ def stage_run(
     import mlflow
 
     configure(params, paths)
-    parent = os.environ.get(PARENT_ENV)
+    parent = os.environ.get(PARENT_ENV) if nested else None
     with mlflow.start_run(run_name=name, nested=bool(parent), parent_run_id=parent or None, tags=dict(tags or {})) as run:
         if log_params:
             items = flatten(dict(log_params))
