@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pgrank.appendix import DatasetStats, collect_statistics, hyperparameter_table, statistics_table
+from pgrank import tracking
 from pgrank.atomic import atomic_path
 from pgrank.config import Params
 from pgrank.markup import Cell, Column, Row, Table, eval_set_name, latex, latex_document, markdown, system_name, warm_start
@@ -329,4 +330,8 @@ def make_tables(params: Params, paths: Paths) -> list[Path]:
             (tmp / name).write_text(text, encoding="utf-8")
         for name, (draw, kwargs) in figures.items():
             plots.write_png(draw(**kwargs), tmp / name)
-    return [paths.tables / name for name in sorted([*texts, *figures])]
+    written = [paths.tables / name for name in sorted([*texts, *figures])]
+    with tracking.stage_run(params, paths, "tables", tags={"stage": "tables"}, enabled=params.tracking.enabled) as run:
+        for path in written:  # the tables and plots as artifacts of the pipeline's MLflow run
+            tracking.log_artifact(run, str(path), "tables")
+    return written

@@ -94,6 +94,9 @@ def test_mlflow_has_one_parent_run_with_nested_stage_runs(demo_run):
     evals = [r for r in children if r.data.tags["stage"] == "evaluate"]
     assert len(evals) == 6  # 3 systems x (rerank, full) on scifact/test
     assert all("ndcg_at_10" in r.data.metrics for r in evals)
+    (tables,) = [r for r in children if r.data.tags["stage"] == "tables"]
+    logged = {Path(a.path).name for a in client.list_artifacts(tables.info.run_id, "tables")}
+    assert {"rerank-in-domain.md", "rerank-in-domain.tex", "bars-rerank.png"} <= logged
 
 
 def test_paper_profile_validates_and_its_dag_lists_every_stage(tmp_path):
