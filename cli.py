@@ -240,10 +240,10 @@ def schedule_cmd(
     name: Annotated[Optional[str], typer.Option("--name", help="Deployment name (default: retrain-<profile>).")] = None,
     timezone: Annotated[str, typer.Option("--timezone", help="IANA time zone of the cron string.")] = "UTC",
 ) -> None:
-    """Serve scheduled retraining (pipeline, then champion promotion on improvement) on the Prefect server at PREFECT_API_URL."""
+    """Serve scheduled retraining (pipeline, then champion promotion on improvement) against PREFECT_API_URL."""
     from flows.retraining import cron_schedule, serve
 
-    cron_schedule(cron, timezone)  # a bad cron string fails before anything is imported or served
+    cron_schedule(cron, timezone)  # a bad cron string fails before the server is contacted
     ctx.obj.params()  # so does a bad configuration
     serve(ctx.obj.params_file, ctx.obj.profile, ctx.obj.overrides, cron, name=name, timezone=timezone)
 
