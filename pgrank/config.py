@@ -183,6 +183,14 @@ class TrainConfig(_Section):
     seed: int = 42
     pg: PolicyGradientConfig = PolicyGradientConfig()
 
+    @field_validator("amp", mode="before")
+    @classmethod
+    def _yaml_booleans(cls, value: Any) -> Any:
+        """YAML reads a bare ``off``/``no`` as ``False`` (and ``on`` as ``True``): accept them."""
+        if isinstance(value, bool):
+            return "bf16" if value else "off"
+        return value
+
 
 class SignificanceConfig(_Section):
     test: Literal["student", "wilcoxon", "fisher"] = "student"

@@ -35,6 +35,11 @@ def test_params_are_frozen():
         p.train.epochs = 3  # type: ignore[misc]
 
 
+def test_yaml_booleans_for_amp():
+    assert load_params(PARAMS, ["train.amp=off"]).train.amp == "off"  # YAML reads `off` as False
+    assert load_params(PARAMS, ["train.amp=bf16"]).train.amp == "bf16"
+
+
 def test_overrides_are_typed():
     p = load_params(PARAMS, ["train.epochs=2", "train.pg.temperature=0.1", "train.keep_epochs=[0, 1]"])
     assert p.train.epochs == 2 and p.train.pg.temperature == 0.1 and p.train.keep_epochs == [0, 1]
