@@ -48,8 +48,9 @@ def best_time(fn, repeats: int, device: str) -> float:
 
 def floor(logits: torch.Tensor, N: int, K: int, gen: torch.Generator) -> torch.Tensor:
     B, n = logits.shape
-    noise = torch.empty(B, N, n, device=logits.device).exponential_(generator=gen).log_().neg_()
-    return noise.add_(logits.unsqueeze(1)).topk(K, dim=-1).indices
+    # the fastest Gumbel draw we know of here (uniform + two logs; torch's CPU exponential_ is ~5x slower)
+    noise = torch.empty(B, N, n, device=logits.device).uniform_(torch.finfo(torch.float32).tiny, 1.0, generator=gen)
+    return noise.log_().neg_().log_().neg_().add_(logits.unsqueeze(1)).topk(K, dim=-1).indices
 
 
 def loop_reference(scores, relevance, N: int, K: int, temperature: float, gen, rankings=None):
@@ -64,7 +65,7 @@ def loop_reference(scores, relevance, N: int, K: int, temperature: float, gen, r
         rewards, logps = [], []
         for i in range(N):
             if rankings is None:
-                gumbel = -torch.empty(n, device=scores.device).exponential_(generator=gen).log()
+                gumbel = -torch.empty(n, device=scores.device).uniform_(1e-38, 1.0, generator=gen).log().neg().log()
                 ranking = (logits[b].detach() + gumbel).topk(K).indices.tolist()
             else:
                 ranking = rankings[b, i].tolist()

@@ -87,15 +87,24 @@ def sample_rankings(
         chunk = 1 if per_query else max(1, _MAX_GUMBEL_ELEMENTS // max(1, num_samples * n))
         for b0 in range(0, B, chunk):  # a loop over query chunks only, to bound memory
             sub = lg[b0 : b0 + chunk].unsqueeze(1)  # (c, 1, n)
-            # Gumbel(0,1) = -log(Exp(1)): one RNG draw and one log per element.
+            # Gumbel(0,1) = -log(-log U). A uniform draw and two logs run ~5x faster than torch's
+            # CPU exponential_ (bench/estimator.py); U starts at the smallest normal float, never 0.
             noise = torch.empty(sub.shape[0], num_samples, n, dtype=lg.dtype, device=lg.device)
-            noise.exponential_(generator=generator[b0] if per_query else generator).log_().neg_()
+            noise.uniform_(torch.finfo(lg.dtype).tiny, 1.0, generator=generator[b0] if per_query else generator)
+            noise.log_().neg_().log_().neg_()  # Gumbel noise
             noise.add_(sub)  # (c, N, n) perturbed logits
             if K == n:
                 out[b0 : b0 + chunk] = noise.argsort(dim=-1, descending=True)
             else:
                 out[b0 : b0 + chunk] = noise.topk(K, dim=-1, sorted=True).indices
     return out
+
+
+def _gather(values: Tensor, rankings: Tensor) -> Tensor:
+    """``values[b, rankings[b, i, k]]`` as ``(B, N, K)``; gathers from the flat ``(B, n)`` tensor, so
+    the backward scatters into ``(B, n)`` rather than a broadcast ``(B, N, n)``."""
+    B, N, K = rankings.shape
+    return torch.gather(values, 1, rankings.reshape(B, N * K)).reshape(B, N, K)
 
 
 def rank_mask(mask: Tensor | None, rankings: Tensor) -> Tensor:
@@ -138,7 +147,7 @@ def placement_log_probs(logits: Tensor, rankings: Tensor, mask: Tensor | None = 
     safe = torch.where(mask, logits.to(dtype), torch.full((), fill, dtype=dtype, device=logits.device))
     valid = rank_mask(mask, rankings)  # (B, 1, K)
 
-    placed = torch.take_along_dim(safe.unsqueeze(1), rankings, dim=-1)  # (B, N, K)
+    placed = _gather(safe, rankings)  # (B, N, K)
     placed = torch.where(valid, placed, torch.full((), fill, dtype=dtype, device=placed.device))
     placed_later = torch.logcumsumexp(placed.flip(-1), dim=-1).flip(-1)  # (B, N, K) LSE of r_k..r_K
 
@@ -146,7 +155,7 @@ def placement_log_probs(logits: Tensor, rankings: Tensor, mask: Tensor | None = 
     sorted_vals, order = safe.sort(dim=-1, descending=True)  # (B, n)
     suffix = torch.logcumsumexp(sorted_vals.flip(-1), dim=-1).flip(-1)  # (B, n) LSE of sorted[i:]
     sorted_pos = torch.empty_like(order).scatter_(-1, order, torch.arange(n, device=order.device).expand(B, n))
-    pos = torch.take_along_dim(sorted_pos.unsqueeze(1), rankings, dim=-1)  # (B, N, K)
+    pos = _gather(sorted_pos, rankings)  # (B, N, K)
     pos = torch.where(valid, pos, torch.full((), n + K, dtype=pos.dtype, device=pos.device))
     pos_sorted = pos.sort(dim=-1).values
     ar = torch.arange(K, device=pos.device)

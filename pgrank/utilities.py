@@ -130,7 +130,8 @@ class Utility:
 def ranked_relevance(rankings: Tensor, relevance: Tensor, mask: Tensor | None) -> Tensor:
     """``(B, N, K)`` grades in ranked order; 0 at places beyond a query's real candidates."""
     rel = relevance if mask is None else torch.where(mask, relevance, torch.zeros_like(relevance))
-    ranked = torch.take_along_dim(rel.unsqueeze(1), rankings, dim=-1)
+    B, N, K = rankings.shape
+    ranked = torch.gather(rel, 1, rankings.reshape(B, N * K)).reshape(B, N, K)
     return ranked * rank_mask(mask, rankings)
 
 
