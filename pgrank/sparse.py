@@ -24,7 +24,8 @@ def load_sparse_encoder(source: str, *, device: str | None = None, max_seq_lengt
     return model.eval()
 
 
-def _to_csr(tensor) -> "scipy.sparse.csr_matrix":  # noqa: F821
+def _to_csr(tensor):
+    """A torch sparse tensor as a float32 ``scipy.sparse.csr_matrix``."""
     import scipy.sparse as sp
 
     coo = tensor.coalesce().cpu()

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from shrunk import project_copy, shrunk_overrides, sliced_scifact_mirror
 
