@@ -269,3 +269,38 @@ def build_corpus_embeddings(
     meta = dict(plan, format=FORMAT, dim=dim, dtype="float16", num_shards=num_shards)
     write_json(folder / "meta.json", meta)
     return open_corpus_embeddings(folder)
+
+
+def model_corpus_embeddings(
+    ref,
+    models,
+    paths,
+    dataset: str,
+    *,
+    max_seq_length: int,
+    batch_size: int,
+    chunk_size: int,
+    corpus_loader: Callable[[], Mapping[str, Mapping[str, str]]],
+    load_model: Callable[[], "SentenceTransformer"] | None = None,
+    show_progress: bool = True,
+) -> CorpusEmbeddings:
+    """The artifact of model ``ref`` over ``dataset``'s corpus, built on first use (mining, training and
+    evaluation all come here, so one (model, length, corpus) is encoded once).
+
+    Args:
+        ref: a :class:`pgrank.models.ModelRef`; ``models``: the ``models`` params section;
+            ``paths``: :class:`pgrank.paths.Paths`.
+        corpus_loader: returns the corpus; called only when something must still be encoded.
+        load_model: returns the encoder (default: :func:`pgrank.models.load_encoder` of ``ref``).
+    """
+    from pgrank.data import corpus_sha256
+    from pgrank.models import load_encoder
+
+    sha = corpus_sha256(paths.dataset(dataset))
+    folder = paths.corpus_embeddings(ref.key, max_seq_length, sha)
+    if (folder / "meta.json").is_file():
+        return open_corpus_embeddings(folder)
+    loader = load_model or (lambda: load_encoder(ref, models, max_seq_length=max_seq_length))
+    return build_corpus_embeddings(loader, ref.key, corpus_loader(), folder, corpus_sha256=sha,
+                                   max_seq_length=max_seq_length, batch_size=batch_size, chunk_size=chunk_size,
+                                   show_progress=show_progress)

@@ -80,20 +80,13 @@ def resolve_system(params: Params, paths: Paths, name: str) -> System:
 
 
 def _corpus_embeddings(params: Params, paths: Paths, model: str, dataset: str, corpus_loader):
-    from pgrank.data import corpus_sha256
-    from pgrank.embeddings import build_corpus_embeddings, open_corpus_embeddings
-    from pgrank.models import load_encoder, resolve_model
+    from pgrank.embeddings import model_corpus_embeddings
+    from pgrank.models import resolve_model
 
     cfg = params.evaluate
-    ref = resolve_model(model, params.models)
-    sha = corpus_sha256(paths.dataset(dataset))
-    folder = paths.corpus_embeddings(ref.key, cfg.max_seq_length, sha)
-    if (folder / "meta.json").is_file():
-        return open_corpus_embeddings(folder)
-    return build_corpus_embeddings(
-        lambda: load_encoder(ref, params.models, max_seq_length=cfg.max_seq_length), ref.key, corpus_loader(), folder,
-        corpus_sha256=sha, max_seq_length=cfg.max_seq_length, batch_size=cfg.batch_size, chunk_size=params.mine.chunk_size,
-    )
+    return model_corpus_embeddings(
+        resolve_model(model, params.models), params.models, paths, dataset, max_seq_length=cfg.max_seq_length,
+        batch_size=cfg.batch_size, chunk_size=params.mine.chunk_size, corpus_loader=corpus_loader)
 
 
 def _normalize(x: np.ndarray) -> np.ndarray:

@@ -42,7 +42,7 @@ import numpy as np
 
 from pgrank.candidates import fetch_published, ranked, read_candidates, read_published, write_candidates
 from pgrank.config import Params
-from pgrank.data import CARVED_TRAIN, VALIDATION, Corpus, Qrels, corpus_sha256, load_corpus, load_topics
+from pgrank.data import CARVED_TRAIN, VALIDATION, Corpus, Qrels, load_corpus, load_topics
 from pgrank.errors import DataError, PgrankError
 from pgrank.paths import Paths
 
@@ -117,17 +117,16 @@ def _rows_of(doc_ids: Sequence[str], wanted: set[str]) -> dict[str, int]:
 
 
 def _dense_retriever(params: Params, paths: Paths, dataset: str, corpus: Corpus, progress: bool) -> Retrieve:
-    from pgrank.embeddings import build_corpus_embeddings, encode_queries
+    from pgrank.embeddings import encode_queries, model_corpus_embeddings
     from pgrank.models import load_encoder, resolve_model
     from pgrank.search import dense_search, id_ranks
 
     cfg = params.mine
     ref = resolve_model(cfg.model, params.models)
-    sha = corpus_sha256(paths.dataset(dataset))
     model = functools.cache(lambda: load_encoder(ref, params.models, max_seq_length=cfg.max_seq_length))
-    emb = build_corpus_embeddings(
-        model, ref.key, corpus, paths.corpus_embeddings(ref.key, cfg.max_seq_length, sha), corpus_sha256=sha,
-        max_seq_length=cfg.max_seq_length, batch_size=cfg.batch_size, chunk_size=cfg.chunk_size, show_progress=progress,
+    emb = model_corpus_embeddings(
+        ref, params.models, paths, dataset, max_seq_length=cfg.max_seq_length, batch_size=cfg.batch_size,
+        chunk_size=cfg.chunk_size, corpus_loader=lambda: corpus, load_model=model, show_progress=progress,
     )
     if len(emb.doc_ids) != len(corpus) or emb.doc_ids != list(corpus):
         raise DataError(

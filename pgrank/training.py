@@ -38,6 +38,7 @@ from pgrank import checkpoints, distributed, tracking
 from pgrank.atomic import write_json, write_text
 from pgrank.batches import Batch, Example, FrozenDocuments, build_examples, epoch_order, make_batch, query_generators
 from pgrank.config import Params
+from pgrank.data import CARVED_TRAIN, VALIDATION
 from pgrank.encoding import backward_cached, encode, encode_cached
 from pgrank.errors import PgrankError
 from pgrank.estimators import policy_gradient
@@ -46,7 +47,6 @@ from pgrank.paths import Paths
 
 log = logging.getLogger(__name__)
 
-CARVED_TRAIN, VALIDATION = "train-pg", "validation"
 
 
 class TrainingError(PgrankError):
@@ -182,21 +182,12 @@ def _load_split(paths: Paths, dataset: str, split: str, params: Params):
 
 def _frozen_documents(params: Params, paths: Paths, ref, dataset: str, corpus_loader) -> FrozenDocuments:
     """The warm start's corpus-embedding artifact (shared with mining when the model and length match)."""
-    from pgrank.data import corpus_sha256
-    from pgrank.embeddings import build_corpus_embeddings, open_corpus_embeddings
-    from pgrank.models import load_encoder
+    from pgrank.embeddings import model_corpus_embeddings
 
     cfg = params.train
-    sha = corpus_sha256(paths.dataset(dataset))
-    folder = paths.corpus_embeddings(ref.key, cfg.max_doc_length, sha)
-    if (folder / "meta.json").is_file():
-        return FrozenDocuments(open_corpus_embeddings(folder))
-    emb = build_corpus_embeddings(
-        lambda: load_encoder(ref, params.models, max_seq_length=cfg.max_doc_length), ref.key, corpus_loader(),
-        folder, corpus_sha256=sha, max_seq_length=cfg.max_doc_length, batch_size=params.mine.batch_size,
-        chunk_size=params.mine.chunk_size,
-    )
-    return FrozenDocuments(emb)
+    return FrozenDocuments(model_corpus_embeddings(
+        ref, params.models, paths, dataset, max_seq_length=cfg.max_doc_length, batch_size=params.mine.batch_size,
+        chunk_size=params.mine.chunk_size, corpus_loader=corpus_loader))
 
 
 def train(params: Params, paths: Paths, warm_start: str, *, device: str | None = None, progress: bool = True) -> TrainResult:
