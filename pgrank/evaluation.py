@@ -94,7 +94,12 @@ def _normalize(x: np.ndarray) -> np.ndarray:
 
 
 class _Scorer:
-    """Scores queries against candidate lists (rerank) or the whole corpus (full) for one system."""
+    """Scores queries against candidate lists (rerank) or the whole corpus (full) for one system.
+
+    The heavy parts (corpus, BM25 index, corpus embeddings, models, SPLADE corpus matrix) load once
+    per (system, dataset) and are shared by the dataset's splits; :meth:`setup` encodes one split's
+    queries.
+    """
 
     def __init__(self, params: Params, paths: Paths, system: System, dataset: str):
         self.params, self.paths, self.system, self.dataset = params, paths, system, dataset
@@ -105,37 +110,60 @@ class _Scorer:
 
         return load_corpus(self.paths.dataset(self.dataset))
 
-    def setup(self, queries: dict[str, str]) -> None:
-        from pgrank.embeddings import encode_queries
+    @functools.cached_property
+    def index(self):
+        from pgrank.bm25 import build_bm25
+
+        return build_bm25(self.corpus, self.params.mine.bm25)
+
+    @functools.cached_property
+    def emb(self):
+        return _corpus_embeddings(self.params, self.paths, self.system.document_model, self.dataset, lambda: self.corpus)
+
+    @functools.cached_property
+    def model(self):
+        cfg = self.params.evaluate
+        if self.system.kind == "sparse":
+            from pgrank.models import resolve_model
+            from pgrank.sparse import load_sparse_encoder
+
+            return load_sparse_encoder(resolve_model(self.system.query_model, self.params.models).source,
+                                       max_seq_length=cfg.max_seq_length)
         from pgrank.models import load_encoder
 
-        s, cfg = self.system, self.params.evaluate
-        self.qids = list(queries)
-        if s.kind == "bm25":
-            from pgrank.bm25 import build_bm25
+        return load_encoder(self.system.query_model, self.params.models, max_seq_length=cfg.max_seq_length)
 
-            self.index = build_bm25(self.corpus, self.params.mine.bm25)
-            self.doc_ids, self.queries = self.index.doc_ids, queries
-        elif s.kind == "dense":
-            self.emb = _corpus_embeddings(self.params, self.paths, s.document_model, self.dataset, lambda: self.corpus)
-            model = load_encoder(s.query_model, self.params.models, max_seq_length=cfg.max_seq_length)
-            self.qids, self.qvecs = encode_queries(model, queries, batch_size=cfg.batch_size)
+    @functools.cached_property
+    def dmat(self):
+        from pgrank.embeddings import document_text
+        from pgrank.sparse import encode_sparse
+
+        return encode_sparse(self.model, [document_text(self.corpus[d]) for d in self.doc_ids], task="document",
+                             batch_size=self.params.evaluate.batch_size)
+
+    @functools.cached_property
+    def doc_ids(self) -> list[str]:
+        kind = self.system.kind
+        return self.index.doc_ids if kind == "bm25" else self.emb.doc_ids if kind == "dense" else list(self.corpus)
+
+    @functools.cached_property
+    def row(self) -> dict[str, int]:
+        return {d: i for i, d in enumerate(self.doc_ids)}
+
+    def setup(self, queries: dict[str, str]) -> None:
+        """Encode one split's queries (the shared parts load on first use)."""
+        s, cfg = self.system, self.params.evaluate
+        self.qids, self.queries = list(queries), queries
+        if s.kind == "dense":
+            from pgrank.embeddings import encode_queries
+
+            self.qids, self.qvecs = encode_queries(self.model, queries, batch_size=cfg.batch_size)
             if s.similarity == "cosine":
                 self.qvecs = _normalize(self.qvecs)
-            self.doc_ids = self.emb.doc_ids
-        else:
-            from pgrank.models import resolve_model
-            from pgrank.embeddings import document_text
-            from pgrank.sparse import encode_sparse, load_sparse_encoder
+        elif s.kind == "sparse":
+            from pgrank.sparse import encode_sparse
 
-            model = load_sparse_encoder(resolve_model(s.query_model, self.params.models).source,
-                                        max_seq_length=cfg.max_seq_length)
-            corpus = self.corpus
-            self.doc_ids = list(corpus)
-            self.qmat = encode_sparse(model, [queries[q] for q in self.qids], task="query", batch_size=cfg.batch_size)
-            self.dmat = encode_sparse(model, [document_text(corpus[d]) for d in self.doc_ids], task="document",
-                                      batch_size=cfg.batch_size)
-        self.row = {d: i for i, d in enumerate(self.doc_ids)}
+            self.qmat = encode_sparse(self.model, [queries[q] for q in self.qids], task="query", batch_size=cfg.batch_size)
 
     def rerank(self, qid: str, i: int, candidates: list[str]) -> dict[str, float]:
         rows = np.array([self.row[d] for d in candidates], dtype=np.int64)
@@ -236,8 +264,9 @@ def evaluate_dataset(params: Params, paths: Paths, system: str, dataset: str) ->
     if not splits:
         raise PgrankError(f"dataset {dataset!r} is not in data.eval_sets ({', '.join(params.data.eval_sets_by_dataset())})")
     results, summary = [], {}
+    scorer = _Scorer(params, paths, resolve_system(params, paths, system), dataset)  # shared by the splits
     for split in splits:
-        for r in evaluate(params, paths, system, f"{dataset}/{split}", params.evaluate.stages):
+        for r in evaluate(params, paths, system, f"{dataset}/{split}", params.evaluate.stages, scorer=scorer):
             summary.setdefault(split, {})[r.stage] = r.metrics
             results.append(r)
     if system.startswith(PGRANK_PREFIX) and "rerank" in params.evaluate.stages:
@@ -246,24 +275,30 @@ def evaluate_dataset(params: Params, paths: Paths, system: str, dataset: str) ->
             log.warning("evaluate.policy_epochs %s: only %s are kept epochs strictly inside (0, train.epochs); "
                         "the others are skipped", params.evaluate.policy_epochs, kept)
         for epoch in kept:
+            epoch_scorer = _Scorer(params, paths, resolve_system(params, paths, f"{system}@{epoch}"), dataset)
             for split in splits:
-                for r in evaluate(params, paths, f"{system}@{epoch}", f"{dataset}/{split}", ["rerank"]):
+                for r in evaluate(params, paths, f"{system}@{epoch}", f"{dataset}/{split}", ["rerank"],
+                                  scorer=epoch_scorer):
                     summary.setdefault(f"epoch-{epoch}", {}).setdefault(split, {})["rerank"] = r.metrics
                     results.append(r)
     write_json(paths.metrics_summary(system, dataset), summary)
     return results
 
 
-def evaluate(params: Params, paths: Paths, system_name: str, eval_set: str, stages=STAGES) -> list[EvalResult]:
-    """Evaluate one system on one ``dataset/split`` in the given stages; write and return the results."""
+def evaluate(params: Params, paths: Paths, system_name: str, eval_set: str, stages=STAGES, *,
+             scorer: _Scorer | None = None) -> list[EvalResult]:
+    """Evaluate one system on one ``dataset/split`` in the given stages; write and return the results.
+
+    ``scorer``: one built for this system and dataset by an earlier call (reused across splits).
+    """
     from pgrank.candidates import read_candidates
     from pgrank.data import load_topics
 
     dataset, _, split = eval_set.partition("/")
     cfg = params.evaluate
-    system = resolve_system(params, paths, system_name)
+    system = resolve_system(params, paths, system_name) if scorer is None else scorer.system
     queries, qrels = load_topics(paths, dataset, split)
-    scorer = _Scorer(params, paths, system, dataset)
+    scorer = scorer or _Scorer(params, paths, system, dataset)
     scorer.setup(queries)
     ks = sorted(set(cfg.ks) | {100})
     results = []

@@ -183,3 +183,20 @@ def test_sparse_encoder_baseline_runs_end_to_end(tmp_path, tiny_model_dir, minil
         assert 0.0 <= r.metrics["ndcg@10"] <= 1.0 and r.metrics["recall@100"] > 0
     full_run = (results["full"].folder / "run.trec").read_text().splitlines()
     assert len({line.split()[0] for line in full_run}) == 6  # every validation query answered
+
+
+def test_splits_of_a_dataset_share_one_index(tmp_path, tiny_model_dir, monkeypatch):
+    """evaluate_dataset builds the BM25 index (corpus, embeddings, models) once for all splits of a dataset."""
+    import pgrank.bm25 as bm25
+    from pgrank.evaluation import evaluate_dataset
+
+    params, paths = make_project(tmp_path, tiny_model_dir, overrides={
+        "data.eval_sets": {"toy": ["train-pg", "validation"]}, "evaluate.systems": ["bm25", str(tiny_model_dir)],
+        "evaluate.top_k": 20})
+    separate = {(r.split, r.stage): r.metrics for s in ("train-pg", "validation") for r in evaluate(params, paths, "bm25", f"toy/{s}")}
+    calls = []
+    real = bm25.build_bm25
+    monkeypatch.setattr(bm25, "build_bm25", lambda *a, **k: calls.append(1) or real(*a, **k))
+    shared = {(r.split, r.stage): r.metrics for r in evaluate_dataset(params, paths, "bm25", "toy")}
+    assert len(calls) == 1
+    assert shared == separate
