@@ -22,6 +22,7 @@ to MLflow from rank 0.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -253,6 +254,10 @@ def train(params: Params, paths: Paths, warm_start: str, *, device: str | None =
     forward = distributed.wrap(model, world, dev)
     no_sync = distributed.no_sync(forward)
 
+    # The frozen document side of a `tower: query` checkpoint: the warm start, loaded once when first saved.
+    document_model = functools.cache(
+        lambda: load_encoder(ref, params.models, device=str(dev), max_seq_length=cfg.max_doc_length))
+
     def save(epoch: int) -> None:
         if world.is_main and (epoch in cfg.keep_epochs or epoch == cfg.epochs):
             meta = {"warm_start": warm_start, "warm_start_model": ref.key, "tower": cfg.tower, "epoch": epoch,
@@ -260,7 +265,7 @@ def train(params: Params, paths: Paths, warm_start: str, *, device: str | None =
                     "document_encoder": ref.key if cfg.tower == "query" else None}
             doc_model = None
             if cfg.tower == "query":
-                doc_model = load_encoder(ref, params.models, device=str(dev), max_seq_length=cfg.max_doc_length)
+                doc_model = document_model()
                 model[0].max_seq_length = cfg.max_query_length
             checkpoints.save_model(model, paths.checkpoint(warm_start, epoch), meta, document_model=doc_model)
             model[0].max_seq_length = cfg.max_doc_length
