@@ -30,6 +30,7 @@ from pathlib import Path
 
 import yaml
 
+from pgrank.atomic import atomic_path
 from pgrank.config import Params, load_params
 from pgrank.errors import PgrankError
 
@@ -41,10 +42,8 @@ DVC_CONFIG = "[core]\n    no_scm = True\n[cache]\n    type = hardlink,symlink\n"
 def _write_if_changed(path: Path, data: bytes) -> bool:
     if path.is_file() and path.read_bytes() == data:
         return False
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
     return True
 
 
