@@ -41,7 +41,7 @@ app = _App(
 
 class _Context:
     def __init__(self, params_file: Path, profile: str | None, overrides: list[str]):
-        self.params_file = params_file
+        self.params_file = params_file  # absolute: resolved where the user ran pgrank
         self.profile = profile
         self.overrides = overrides
 
@@ -70,7 +70,12 @@ def _main(
         typer.Option("--set", "-s", help="Override a key, e.g. --set train.epochs=2 (repeatable)."),
     ] = None,
 ) -> None:
-    ctx.obj = _Context(params, profile, list(set_ or []))
+    # Every relative path a user gives means what it meant where they typed it, also for the stage
+    # processes that DVC later starts inside a profile workspace.
+    from pgrank.data.download import absolute_mirror_env
+
+    absolute_mirror_env()
+    ctx.obj = _Context(params.expanduser().resolve(), profile, list(set_ or []))
 
 
 @app.command("params")
@@ -105,10 +110,10 @@ def download_cmd(
     ] = None,
 ) -> None:
     """Download, verify and extract BEIR datasets, then write the validation carve-out of data.train."""
-    from pgrank.download import download
+    from pgrank.data.download import download
 
     params = ctx.obj.params()
-    report = download(params, ctx.obj.paths(params), datasets or None, mirror)
+    report = download(params, ctx.obj.paths(params), datasets or None, mirror, config_dir=ctx.obj.params_file.parent)
     for item in report.datasets:
         verified = f", verified by {item.checksum.origin}" if item.checksum else ""
         typer.echo(f"{item.name}: {item.status}{verified} -> {item.path}")
@@ -123,16 +128,17 @@ def download_cmd(
 @app.command("mine")
 def mine_cmd(
     ctx: typer.Context,
-    dataset: Annotated[Optional[str], typer.Option("--dataset", "-d", help="Only this BEIR dataset.")] = None,
+    dataset: Annotated[Optional[str], typer.Option("--dataset", "-d", help="Only this dataset's data.eval_sets splits.")] = None,
     split: Annotated[
-        Optional[str], typer.Option("--split", help="Only this split (train-pg, validation, dev, test, ...).")
+        Optional[list[str]], typer.Option("--split", help="With --dataset: exactly this split (repeatable; any BEIR split).")
     ] = None,
+    training: Annotated[bool, typer.Option("--training", help="Only data.train's carved train-pg and validation splits.")] = False,
 ) -> None:
     """Mine stage-1 candidate sets (default: data.train's train-pg/validation and every data.eval_sets entry)."""
-    from pgrank.mining import mine_splits, select_targets
+    from pgrank.mining.candidate_sets import mine_splits, select_targets
 
     params = ctx.obj.params()
-    targets = select_targets(params, dataset, split)
+    targets = select_targets(params, dataset, split or (), training)
     for r in mine_splits(params, ctx.obj.paths(params), targets):
         recall = f", stage-1 recall {r.stage1_recall:.3f}" if r.stage1_recall is not None else ""
         sizes = f"{r.min_size}" if r.min_size == r.max_size else f"{r.min_size}-{r.max_size}"
@@ -153,7 +159,7 @@ def train_cmd(
     device: Annotated[Optional[str], typer.Option("--device", help="cpu, cuda, cuda:1 (default: CUDA when present).")] = None,
 ) -> None:
     """Train Neural PG-Rank policies from their warm starts (runs data-parallel under torchrun)."""
-    from pgrank.training import train
+    from pgrank.training.trainer import train
 
     params = ctx.obj.params()
     paths = ctx.obj.paths(params)
@@ -169,15 +175,16 @@ def train_cmd(
 @app.command("evaluate")
 def evaluate_cmd(
     ctx: typer.Context,
-    system: Annotated[Optional[list[str]], typer.Option("--system", "-m", help="System(s): evaluate.systems entries or pgrank-<warm start> (default: all).")] = None,
+    system: Annotated[Optional[list[str]], typer.Option("--system", "-m", help="System(s): evaluate.systems entries or pgrank-<warm start>[@epoch] (default: all).")] = None,
     dataset: Annotated[Optional[list[str]], typer.Option("--dataset", "-d", help="Dataset(s) of data.eval_sets (default: all).")] = None,
 ) -> None:
     """Evaluate systems as second-stage rerankers and first-stage retrievers; write metrics, per-query values and runs."""
-    from pgrank.evaluation import evaluate_dataset, policy_systems
+    from pgrank.evaluation.stage import evaluate_dataset
+    from pgrank.evaluation.systems import policy_systems
 
     params = ctx.obj.params()
     paths = ctx.obj.paths(params)
-    for name in system or [*params.evaluate.systems, *policy_systems(params)]:
+    for name in system or [*params.evaluate.systems.all(), *policy_systems(params)]:
         for ds in dataset or list(params.data.eval_sets_by_dataset()):
             for r in evaluate_dataset(params, paths, name, ds):
                 typer.echo(f"{r.system} {r.dataset}/{r.split} {r.stage}: nDCG@10 {r.metrics['ndcg@10']:.4f}, "
@@ -187,7 +194,7 @@ def evaluate_cmd(
 @app.command("tables")
 def tables_cmd(ctx: typer.Context) -> None:
     """Regenerate the paper's tables (Markdown, LaTeX) and figures (PNG) from the metrics files, next to the paper's numbers."""
-    from pgrank.tables import MAIN_TABLES, make_tables
+    from pgrank.reporting.tables import MAIN_TABLES, make_tables
 
     params = ctx.obj.params()
     written = make_tables(params, ctx.obj.paths(params))
@@ -206,7 +213,7 @@ def repro_cmd(
     dry: Annotated[bool, typer.Option("--dry", help="Only print the commands DVC would run.")] = False,
 ) -> None:
     """`dvc repro` the pipeline for --profile/--set (composed into the profile's own DVC workspace)."""
-    from pgrank.workspace import repro
+    from pgrank.pipeline.workspace import repro
 
     ws = repro(ctx.obj.params_file, ctx.obj.profile, ctx.obj.overrides, targets or [], dry=dry)
     typer.echo(f"pipeline workspace: {ws}")
@@ -217,7 +224,7 @@ def demo_cmd(ctx: typer.Context) -> None:
     """Run the CPU demo end to end through DVC (profile `demo`, offline-capable), then print its tables."""
     from pgrank.config import load_params
     from pgrank.paths import Paths
-    from pgrank.workspace import repro
+    from pgrank.pipeline.workspace import repro
 
     profile = ctx.obj.profile or "demo"
     ws = repro(ctx.obj.params_file, profile, ctx.obj.overrides)

@@ -2,7 +2,7 @@
 
 Measures, for B queries of n candidates, top-K utility and N sampled rankings per query:
 
-* ``estimator`` — one full :func:`pgrank.estimators.pg_loss` call, forward and backward
+* ``estimator`` — one full :func:`pgrank.core.estimators.pg_loss` call, forward and backward
   (Gumbel sampling, exact log-probabilities, per-rank nDCG@K credit, leave-one-out baseline).
 * ``floor`` — only drawing the same ``B*N*n`` Gumbel numbers and taking the top-K: the work any
   sampler of N rankings must do. Ratio ``estimator / floor`` (target <= 1.5).
@@ -25,8 +25,8 @@ import time
 
 import torch
 
-from pgrank.estimators import pg_loss
-from pgrank.policy import placement_log_probs
+from pgrank.core.estimators import pg_loss
+from pgrank.core.policy import placement_log_probs
 
 
 def _sync(device: str) -> None:
@@ -96,7 +96,7 @@ def check_reference(device: str) -> float:
     loop_reference(a, relevance, 6, 10, 0.5, g, rankings=rankings).backward()
     b = scores.clone().requires_grad_(True)
     lp = placement_log_probs(b / 0.5, rankings)
-    from pgrank.utilities import get_utility
+    from pgrank.core.ranking_utility import get_utility
 
     contrib = get_utility("ndcg@10").per_rank(rankings, relevance, None)
     to_go = contrib.flip(-1).cumsum(-1).flip(-1)

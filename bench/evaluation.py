@@ -3,7 +3,7 @@
 * Second stage: scoring every candidate of every query from the corpus-embedding artifact and
   evaluating the run with pytrec_eval (what ``pgrank evaluate`` does after encoding), reported per
   1000 candidates.
-* First stage: :func:`pgrank.search.dense_search` (streaming FAISS ``IndexFlatIP`` over the shards,
+* First stage: :func:`pgrank.retrieval.dense.exact_search.dense_search` (streaming FAISS ``IndexFlatIP`` over the shards,
   deterministic tie order) against a plain ``torch`` matmul + top-k on the same float32 embeddings
   held in memory, as one ratio (target: FAISS path no slower, ratio >= 1).
 
@@ -26,9 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def main() -> None:
     from pgrank.atomic import write_json
-    from pgrank.embeddings import FORMAT, open_corpus_embeddings
-    from pgrank.metrics import evaluate_run
-    from pgrank.search import dense_search, id_ranks
+    from pgrank.core.trec_eval import evaluate_run
+    from pgrank.data.runs import id_ranks
+    from pgrank.retrieval.dense.corpus_embeddings import FORMAT, open_corpus_embeddings
+    from pgrank.retrieval.dense.exact_search import dense_search
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--docs", type=int, default=100_000)
@@ -80,7 +81,7 @@ def main() -> None:
         (q @ d.T).topk(args.k, dim=1)
         t_torch = time.perf_counter() - start
         print(f"first stage: {args.queries} queries over {args.docs} x {args.dim}, top {args.k}: "
-              f"pgrank.search.dense_search (FAISS) {t_faiss:.3f} s, torch matmul+topk {t_torch:.3f} s, "
+              f"pgrank.retrieval.dense.exact_search.dense_search (FAISS) {t_faiss:.3f} s, torch matmul+topk {t_torch:.3f} s, "
               f"ratio torch/FAISS {t_torch / t_faiss:.2f} (threads={torch.get_num_threads()})")
 
 

@@ -1,6 +1,6 @@
 """Benchmark of ``pgrank mine``: encoding throughput, BM25 speed, peak memory. Measures; never asserts.
 
-1. Corpus encoding throughput (docs/s) of the mining path (:func:`pgrank.embeddings.build_corpus_embeddings`:
+1. Corpus encoding throughput (docs/s) of the mining path (:func:`pgrank.retrieval.dense.corpus_embeddings.build_corpus_embeddings`:
    shards, float16, atomic writes) as a ratio to a bare ``SentenceTransformer.encode`` of the same
    texts, in the same process; runs alternate and the best of ``--repeats`` counts. Target >= 0.95.
 2. BM25 index time and search time (all test queries, top ``--k``) on scifact and nfcorpus.
@@ -42,9 +42,9 @@ def unzip(mirror: Path, data: Path, names: list[str]) -> None:
 
 
 def bench_encoding(args, params, data: Path, work: Path) -> None:
-    from pgrank.data import load_corpus
-    from pgrank.embeddings import build_corpus_embeddings, document_text
-    from pgrank.models import load_encoder, resolve_model
+    from pgrank.data.beir import document_text, load_corpus
+    from pgrank.models.hub import load_encoder, resolve_model
+    from pgrank.retrieval.dense.corpus_embeddings import build_corpus_embeddings
 
     corpus = load_corpus(data / "scifact", progress=False)
     corpus = dict(list(corpus.items())[: args.docs])
@@ -72,8 +72,8 @@ def bench_encoding(args, params, data: Path, work: Path) -> None:
 
 
 def bench_bm25(args, params, data: Path) -> None:
-    from pgrank.bm25 import bm25_search, build_bm25
-    from pgrank.data import load_corpus, load_qrels, load_queries
+    from pgrank.data.beir import load_corpus, load_qrels, load_queries
+    from pgrank.retrieval.bm25.index import bm25_search, build_bm25
 
     print(f"\n## BM25 (k1={params.mine.bm25.k1}, b={params.mine.bm25.b}, {params.mine.bm25.method}, "
           f"stemmer {params.mine.bm25.stemmer}; top {args.k} of every test query)")
@@ -105,7 +105,7 @@ def _peak_rss_mib() -> float:
 
 
 def _mine_child(overrides: list[str], base: str, out) -> None:
-    from pgrank.mining import mine
+    from pgrank.mining.candidate_sets import mine
 
     params = load_params(ROOT / "params.yaml", overrides)
     mine(params, Paths.from_config(params.paths, base=base), "scifact", "test", progress=False)

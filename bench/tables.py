@@ -1,4 +1,4 @@
-"""Benchmark of ``pgrank tables``: the time :func:`pgrank.tables.make_tables` takes. Measures; never asserts.
+"""Benchmark of ``pgrank tables``: the time :func:`pgrank.reporting.tables.make_tables` takes. Measures; never asserts.
 
 Input: a full-size synthetic results set in a temporary project, shaped like the paper's run: the 15
 eval sets x 6 systems (``params.yaml`` as committed: 4 comparison systems and 2 policies) x 2 stages,
@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from pgrank.config import load_params  # noqa: E402
 from pgrank.paths import Paths  # noqa: E402
-from pgrank.tables import make_tables, needed_systems, table_systems  # noqa: E402
+from pgrank.reporting.tables import make_tables, needed_systems, table_systems  # noqa: E402
 
 
 def write_results(params, paths: Paths, steps_per_epoch: int, seed: int = 0) -> int:

@@ -1,10 +1,10 @@
 """Benchmark: one training step of each mode, the estimator's share of it, and tower:both memory.
 
 Measures (real all-MiniLM-L6-v2 by default, synthetic texts, one step = forward + backward of a
-batch through :func:`pgrank.training.accumulate_gradients`):
+batch through :func:`pgrank.training.trainer.accumulate_gradients`):
 
 * throughput in queries/s for ``tower: query`` and ``tower: both`` at ``n`` candidates per query;
-* the estimator's share of a step: :func:`pgrank.estimators.policy_gradient` forward + backward on
+* the estimator's share of a step: :func:`pgrank.core.estimators.policy_gradient` forward + backward on
   scores of the same shape, over the whole step's time (target <= 5% at n=100);
 * peak memory of ``tower: both`` at 1000 vs 100 candidates, with cached-gradient chunking and without
   (chunk = n), as the increase of the process's peak RSS over its RSS before the step, each in a
@@ -39,16 +39,16 @@ def _text(rng: random.Random, n: int) -> str:
 
 
 def _setup(model_name: str, tower: str, n: int, chunk: int, doc_len: int, queries: int, tmp: Path):
-    from pgrank.batches import Example, FrozenDocuments, make_batch
     from pgrank.config import load_params
-    from pgrank.embeddings import build_corpus_embeddings
-    from pgrank.models import load_encoder
+    from pgrank.models.hub import load_encoder
+    from pgrank.retrieval.dense.corpus_embeddings import build_corpus_embeddings
+    from pgrank.training.batches import Example, FrozenDocuments, make_batch
 
     rng = random.Random(0)
     params = load_params(ROOT / "params.yaml", [
         f"train.tower={tower}", f"train.grad_chunk_size={chunk}", f"train.max_doc_length={doc_len}",
         "train.max_query_length=32", "train.pg.num_samples=200", "train.warm_starts=[minilm]",
-        "evaluate.systems=[minilm]", "evaluate.policy_epochs=[]", "train.amp=off"])
+        "evaluate.systems={dense: [minilm]}", "evaluate.policy_epochs=[]", "train.amp=off"])
     corpus = {f"d{i}": {"title": "", "text": _text(rng, doc_len)} for i in range(n * queries)}
     examples = [Example(f"q{b}", _text(rng, 8), tuple(f"d{b * n + j}" for j in range(n)),
                         tuple(float(j < 2) for j in range(n))) for b in range(queries)]
@@ -64,8 +64,8 @@ def _setup(model_name: str, tower: str, n: int, chunk: int, doc_len: int, querie
 
 def step_time(model_name: str, tower: str, n: int, queries: int, doc_len: int, repeats: int) -> tuple[float, float]:
     """(seconds per step, seconds of the estimator alone on the same shapes)."""
-    from pgrank.estimators import policy_gradient
-    from pgrank.training import accumulate_gradients
+    from pgrank.core.estimators import policy_gradient
+    from pgrank.training.trainer import accumulate_gradients
 
     with tempfile.TemporaryDirectory() as tmp:
         params, model, batch, frozen, corpus = _setup(model_name, tower, n, 64, doc_len, queries, Path(tmp))
@@ -93,7 +93,7 @@ def _rss_kb() -> int:
 
 def memory_child(model_name: str, n: int, chunk: int, doc_len: int) -> None:
     """Run in a fresh process: print the peak-RSS increase (MiB) of one tower:both step."""
-    from pgrank.training import accumulate_gradients
+    from pgrank.training.trainer import accumulate_gradients
 
     with tempfile.TemporaryDirectory() as tmp:
         params, model, batch, frozen, corpus = _setup(model_name, "both", n, chunk, doc_len, 1, Path(tmp))

@@ -1,7 +1,7 @@
 """The pipeline as a Prefect flow whose tasks are ``dvc.yaml``'s stages, read from DVC at run time.
 
 No second copy of the DAG exists here. The flow prepares the profile's DVC workspace
-(:func:`pgrank.workspace.prepare`), then asks DVC for its stages (``dvc stage list --name-only``) and
+(:func:`pgrank.pipeline.workspace.prepare`), then asks DVC for its stages (``dvc stage list --name-only``) and
 edges (``dvc dag --dot``), and submits one task per stage. Each task runs
 ``dvc --wait-for-lock repro --single-item <stage>``: DVC skips a stage that is up to date, records it
 in ``dvc.lock``, and releases its repository lock while the stage's command runs, so independent
@@ -10,7 +10,7 @@ waits for the futures of the stages upstream of it, and streams DVC's output int
 (the task's logs in the Prefect UI).
 
 * Retries: the ``download`` stage (network) retries with exponential backoff.
-* MLflow: the flow opens the pipeline's parent run (:func:`pgrank.workspace.pipeline_run`) and hands
+* MLflow: the flow opens the pipeline's parent run (:func:`pgrank.pipeline.workspace.pipeline_run`) and hands
   its id to every stage, so stage runs nest under it exactly as under ``pgrank repro``.
 * Task runners: ``threads`` (default, ``ThreadPoolTaskRunner``), ``dask`` (``pip install 'pgrank[dask]'``,
   ``prefect_dask.DaskTaskRunner`` on a local cluster) and ``ray`` (``pip install 'pgrank[ray]'``,
@@ -45,8 +45,8 @@ from prefect.futures import wait
 from prefect.tasks import exponential_backoff
 
 from pgrank.errors import PgrankError
+from pgrank.pipeline.workspace import pipeline_run, prepare, run_dvc
 from pgrank.tracking import PARENT_ENV
-from pgrank.workspace import pipeline_run, prepare, run_dvc
 
 # Per-stage task options: the download stage talks to the network, so it retries (10 s, 20 s, 40 s).
 STAGE_OPTIONS: dict[str, dict[str, Any]] = {

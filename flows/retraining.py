@@ -6,7 +6,7 @@ Each run of :func:`pgrank_retrain`
 2. compares the validation nDCG@10 of the versions its training stages registered (or, when nothing
    was retrained, the newest version) with the current champion's in MLflow,
 3. moves ``tracking.champion_alias`` on ``tracking.registered_model`` only on improvement
-   (:func:`pgrank.champion.promote_if_better`).
+   (:func:`pgrank.pipeline.champion.promote_if_better`).
 
 :func:`serve` (``pgrank schedule --cron ...``) serves a deployment of it with a cron schedule
 against the Prefect server at ``PREFECT_API_URL``; start one with::
@@ -25,8 +25,8 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from flows.pipeline import pgrank_pipeline
-from pgrank.champion import Decision, promote_if_better, versions_of_run
 from pgrank.errors import PgrankError
+from pgrank.pipeline.champion import Decision, promote_if_better, versions_of_run
 
 FLOW_NAME = "pgrank-retrain"
 
@@ -63,7 +63,6 @@ def cron_schedule(cron: str, timezone: str = "UTC"):
     """A Prefect cron schedule; a bad cron string or time zone is a :class:`PgrankError`."""
     from prefect.client.schemas.schedules import CronSchedule
     from prefect.schedules import Cron
-
     from pydantic import ValidationError
 
     try:

@@ -22,7 +22,14 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from pgrank.errors import ConfigError
 
@@ -145,7 +152,7 @@ class MineConfig(_Section):
 
 
 class PolicyGradientConfig(_Section):
-    """Knobs of :func:`pgrank.estimators.pg_loss` (paper Eq. 8/9 and appendix table)."""
+    """Knobs of :func:`pgrank.core.estimators.pg_loss` (paper Eq. 8/9 and appendix table)."""
 
     utility: str = "ndcg@10"
     estimator: Literal["per_rank", "whole"] = "per_rank"
@@ -197,15 +204,36 @@ class SignificanceConfig(_Section):
     alpha: Annotated[float, Field(gt=0, lt=1)] = 0.05
 
 
+# The two evaluation stages of the paper: second-stage reranking and first-stage retrieval.
+EVAL_STAGES = ("rerank", "full")
+EvalStage = Literal["rerank", "full"]
+
+
+class SystemsConfig(_Section):
+    """Comparison systems by retriever kind; each kind is one DVC stage (``evaluate-<kind>``) whose code
+    is ``pgrank/retrieval/<kind>``, so editing one kind re-runs only its evaluations."""
+
+    bm25: list[Literal["bm25"]] = Field(default_factory=list, description="[bm25] or []: BM25 with mine.bm25's settings")
+    dense: list[str] = Field(default_factory=list, description="sentence-transformers bi-encoders (aliases, hub ids, folders)")
+    sparse: list[str] = Field(default_factory=list, description="learned sparse models (SPLADE) through SparseEncoder")
+
+    def all(self) -> list[str]:
+        """Every comparison system, in column order: BM25, dense, sparse."""
+        return [*self.bm25, *self.dense, *self.sparse]
+
+    def kind(self, name: str) -> str | None:
+        """``bm25`` | ``dense`` | ``sparse`` for a listed system, else ``None``."""
+        return next((kind for kind in ("bm25", "dense", "sparse") if name in getattr(self, kind)), None)
+
+
 class EvaluateConfig(_Section):
-    stages: list[Literal["rerank", "full"]] = Field(default_factory=lambda: ["rerank", "full"])
-    systems: list[str] = Field(min_length=1, description="comparison systems, warm starts included")
+    stages: list[EvalStage] = Field(default_factory=lambda: list(EVAL_STAGES))
+    systems: SystemsConfig = SystemsConfig()
     policy_epochs: list[NonNegInt] = Field(default_factory=list, description="extra epochs of each policy to rerank with")
     ks: list[PositiveInt] = Field(default_factory=lambda: [1, 3, 5, 10])
     top_k: PositiveInt = 1000
     batch_size: PositiveInt = 128
     max_seq_length: PositiveInt = 512
-    sparse_systems: list[str] = Field(default_factory=lambda: ["splade-v2"])
     ignore_identical_ids: bool = True
     significance: SignificanceConfig = SignificanceConfig()
 
@@ -213,6 +241,9 @@ class EvaluateConfig(_Section):
 class TablesConfig(_Section):
     formats: list[Literal["md", "tex", "png"]] = Field(default_factory=lambda: ["md", "tex", "png"])
     decimals: Annotated[int, Field(ge=1, le=6)] = 3
+    # The paper leaves BM25 out of its second-stage tables (footnote: "commonly used only as a first-stage
+    # approach"): omit the column, or show it as context that takes no part in the bold/underline marks.
+    rerank_bm25: Literal["omit", "context"] = "omit"
 
 
 class Params(_Section):
@@ -304,10 +335,21 @@ def _consistency(params: Params) -> list[tuple[tuple, str]]:
     for i, name in enumerate(params.train.warm_starts):
         if not name.strip():
             problems.append((("train", "warm_starts", i), "empty model name"))
-    for i, name in enumerate(params.evaluate.systems):
-        if name.startswith("pgrank-") or "@" in name:
-            problems.append((("evaluate", "systems", i), f"{name!r}: list comparison systems here; the policies "
-                             "pgrank-<warm start> are evaluated for every train.warm_starts entry"))
+    systems = params.evaluate.systems
+    if not systems.all():
+        problems.append((("evaluate", "systems"), "no comparison system; list at least one under bm25, dense or sparse"))
+    for kind in ("dense", "sparse"):
+        for i, name in enumerate(getattr(systems, kind)):
+            if name.startswith("pgrank-") or "@" in name or not name.strip():
+                problems.append((("evaluate", "systems", kind, i), f"{name!r}: list comparison systems here; the "
+                                 "policies pgrank-<warm start> are evaluated for every train.warm_starts entry"))
+    for i, warm in enumerate(params.train.warm_starts):
+        if warm not in systems.dense:
+            problems.append((("train", "warm_starts", i), f"{warm!r} must also be listed under evaluate.systems.dense: "
+                             "each policy is tested against its warm start's results"))
+    seen = [n for n in systems.all() if systems.all().count(n) > 1]
+    if seen:
+        problems.append((("evaluate", "systems"), f"{sorted(set(seen))} listed under more than one kind"))
     bad_epochs = [e for e in params.train.keep_epochs if e > params.train.epochs]
     if bad_epochs:
         problems.append(

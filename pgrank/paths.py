@@ -7,6 +7,8 @@ Layout (``root`` is per profile; ``data`` and ``embeddings`` may be shared by pr
 
     {data}/{dataset}/corpus.jsonl, queries.jsonl, qrels/{split}.tsv     BEIR folders
     {embeddings}/{model}--L{len}--{corpus sha}/                          corpus-embedding artifact
+    {data}/.fingerprints/{dataset}.json                                  file checksums by (size, mtime)
+    {root}/datasets/{dataset}.json                                       content manifest (what DVC tracks)
     {root}/splits/{dataset}/qrels/{train,validation}.tsv                 seeded validation carve-out
     {root}/candidates/{dataset}/{split}.trec                             stage-1 candidate sets (runs)
     {root}/training-sets/{dataset}/{train-pg,validation}.trec            candidate sets of the carved splits
@@ -27,7 +29,11 @@ from pathlib import Path
 
 from pgrank.config import PathsConfig
 
-CARVED_SPLITS = ("train-pg", "validation")
+# The carve-out of data.train (pgrank.data.carve_out): split name -> file name under carved_qrels.
+CARVED_TRAIN = "train-pg"
+VALIDATION = "validation"
+CARVED_FILES = {CARVED_TRAIN: "train", VALIDATION: "validation"}
+CARVED_SPLITS = tuple(CARVED_FILES)
 
 
 def slug(name: str) -> str:
@@ -51,6 +57,14 @@ class Paths:
     # ---- data
     def dataset(self, name: str) -> Path:
         return self.data / name
+
+    def fingerprint_cache(self, name: str) -> Path:
+        """SHA-256 of each file of a dataset, cached by (size, mtime) (:mod:`pgrank.data.manifests`)."""
+        return self.data / ".fingerprints" / f"{name}.json"
+
+    def dataset_manifest(self, name: str) -> Path:
+        """The content fingerprint of a dataset that DVC tracks (the data itself is shared, in ``data``)."""
+        return self.root / "datasets" / f"{name}.json"
 
     def carved_qrels(self, dataset: str, split: str) -> Path:
         return self.root / "splits" / dataset / "qrels" / f"{split}.tsv"

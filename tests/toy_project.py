@@ -12,9 +12,9 @@ from pathlib import Path
 
 import yaml
 
-from pgrank.candidates import write_candidates
 from pgrank.config import Params, parse_params
-from pgrank.data import write_carve_out
+from pgrank.data.carve_out import write_carve_out
+from pgrank.data.runs import write_run
 from pgrank.paths import Paths
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,7 +48,7 @@ def make_project(tmp: Path, model_dir: Path, *, overrides: dict | None = None, c
     doc = yaml.safe_load((ROOT / "params.yaml").read_text())
     doc["paths"] = {"root": str(tmp / "runs"), "data": str(tmp / "data"), "embeddings": str(tmp / "emb")}
     doc["data"].update({"train": "toy/train", "validation_size": 6, "eval_sets": ["toy/train"], "mirror": None})
-    doc["evaluate"].update({"systems": [str(model_dir)], "policy_epochs": []})
+    doc["evaluate"].update({"systems": {"dense": [str(model_dir)]}, "policy_epochs": []})
     doc["tracking"]["enabled"] = False
     doc["mine"].update({"batch_size": 16, "chunk_size": 32})
     doc["train"].update({
@@ -68,7 +68,7 @@ def make_project(tmp: Path, model_dir: Path, *, overrides: dict | None = None, c
     write_carve_out(paths, params.data)
     rng = random.Random(1)
     corpus_ids = [json.loads(line)["_id"] for line in (paths.dataset("toy") / "corpus.jsonl").read_text().splitlines()]
-    from pgrank.data import load_topics
+    from pgrank.data.beir import load_topics
 
     for split in ("train-pg", "validation"):
         _, qrels = load_topics(paths, "toy", split)
@@ -77,5 +77,5 @@ def make_project(tmp: Path, model_dir: Path, *, overrides: dict | None = None, c
             others = [d for d in corpus_ids if d not in judged]
             chosen = list(judged) + rng.sample(others, candidates - len(judged))
             run[qid] = [(d, float(candidates - i)) for i, d in enumerate(chosen)]
-        write_candidates(paths.candidates("toy", split), run, "test")
+        write_run(paths.candidates("toy", split), run, "pgrank-test")
     return params, paths

@@ -1,0 +1,171 @@
+"""Ranking utilities Delta(r|q) (paper Sec. "Setting"), batched over queries and sampled rankings.
+
+Named utilities are *prefix-decomposable*: ``Delta(r) = sum_k c_k(r_{1:k})``, the contribution at
+place ``k`` depending only on the first ``k`` places. That is what the per-rank credit estimator
+(Eq. 9) needs, so every named utility exposes ``per_rank`` contributions; ``whole`` is their sum.
+
+Gains follow trec_eval / pytrec_eval exactly: ``ndcg_cut`` uses the relevance grade itself as the
+gain (not ``2^rel - 1``) with discount ``1 / log2(rank + 1)``, the ideal DCG comes from the grades of
+all candidates, and a document is relevant when its grade is ``>= 1``. With integer qrels (BEIR's)
+these equal trec_eval's ``ndcg_cut_k``, ``recip_rank`` (cut at ``k``), ``recall_k`` and
+``map_cut_k`` whenever every judged-relevant document is in the candidate set, which is how
+:mod:`pgrank.mining.candidate_sets` builds candidate sets.
+
+A custom utility is any importable callable, named ``"module:function"``, with signature
+``fn(rankings (B, N, K) long, relevance (B, n), mask (B, n) bool) -> (B, N)``. It may declare how
+many leading places it reads with an integer attribute ``fn.depth`` (default: the whole ranking).
+
+Example:
+    >>> u = get_utility("ndcg@10")
+    >>> u.depth
+    10
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from pgrank.core.policy import rank_mask
+
+PerRank = Callable[[Tensor, Tensor, int], Tensor]  # (ranked_rel (B,N,K), relevance (B,n), k) -> (B,N,K)
+
+
+def _discounts(K: int, like: Tensor) -> Tensor:
+    return 1.0 / torch.log2(torch.arange(2, K + 2, device=like.device, dtype=like.dtype))  # (K,)
+
+
+def _cut(contrib: Tensor, k: int) -> Tensor:
+    K = contrib.shape[-1]
+    if k >= K:
+        return contrib
+    keep = torch.arange(K, device=contrib.device) < k
+    return contrib * keep
+
+
+def dcg_per_rank(ranked_rel: Tensor, relevance: Tensor, k: int) -> Tensor:
+    """DCG@k contributions ``rel(r_j) / log2(j + 1)`` for places ``j <= k``."""
+    return _cut(ranked_rel.clamp_min(0) * _discounts(ranked_rel.shape[-1], ranked_rel), k)
+
+
+def ideal_dcg(relevance: Tensor, k: int) -> Tensor:
+    """``(B,)`` DCG@k of the ideal ordering of each query's candidates."""
+    kk = min(k, relevance.shape[-1])
+    top = relevance.clamp_min(0).topk(kk, dim=-1).values  # (B, kk)
+    return (top * _discounts(kk, top)).sum(-1)
+
+
+def ndcg_per_rank(ranked_rel: Tensor, relevance: Tensor, k: int) -> Tensor:
+    """nDCG@k contributions: DCG@k contributions over the ideal DCG@k (0 for queries with none)."""
+    idcg = ideal_dcg(relevance, k)  # (B,)
+    scale = torch.where(idcg > 0, 1.0 / idcg.clamp_min(torch.finfo(idcg.dtype).tiny), torch.zeros_like(idcg))
+    return dcg_per_rank(ranked_rel, relevance, k) * scale.view(-1, 1, 1)
+
+
+def rr_per_rank(ranked_rel: Tensor, relevance: Tensor, k: int) -> Tensor:
+    """Reciprocal rank@k: ``1/j`` at the first relevant place ``j <= k``, 0 elsewhere."""
+    rel = (ranked_rel >= 1).to(ranked_rel.dtype)
+    first = rel * (rel.cumsum(-1) == 1)
+    places = torch.arange(1, rel.shape[-1] + 1, device=rel.device, dtype=rel.dtype)
+    return _cut(first / places, k)
+
+
+def _num_relevant(relevance: Tensor) -> Tensor:
+    return (relevance >= 1).sum(-1).to(relevance.dtype).view(-1, 1, 1)  # (B, 1, 1)
+
+
+def recall_per_rank(ranked_rel: Tensor, relevance: Tensor, k: int) -> Tensor:
+    """Recall@k: ``1/R`` at each relevant place ``j <= k`` (``R`` = relevant candidates; 0 if none)."""
+    R = _num_relevant(relevance)
+    rel = (ranked_rel >= 1).to(ranked_rel.dtype)
+    return _cut(torch.where(R > 0, rel / R.clamp_min(1), torch.zeros_like(rel)), k)
+
+
+def ap_per_rank(ranked_rel: Tensor, relevance: Tensor, k: int) -> Tensor:
+    """Average precision@k (trec_eval ``map_cut``): ``precision@j / R`` at each relevant place ``j <= k``."""
+    R = _num_relevant(relevance)
+    rel = (ranked_rel >= 1).to(ranked_rel.dtype)
+    places = torch.arange(1, rel.shape[-1] + 1, device=rel.device, dtype=rel.dtype)
+    prec = rel.cumsum(-1) / places
+    return _cut(torch.where(R > 0, rel * prec / R.clamp_min(1), torch.zeros_like(rel)), k)
+
+
+# One dict for dispatch by name (STYLE.md principle 5).
+PER_RANK: dict[str, PerRank] = {
+    "dcg": dcg_per_rank,
+    "ndcg": ndcg_per_rank,
+    "rr": rr_per_rank,
+    "mrr": rr_per_rank,
+    "recall": recall_per_rank,
+    "ap": ap_per_rank,
+    "map": ap_per_rank,
+}
+
+_NAMED = re.compile(r"^(?P<name>[a-z]+)@(?P<k>\d+)$")
+
+
+@dataclass(frozen=True)
+class Utility:
+    """A utility resolved from its name.
+
+    Attributes:
+        name: as given, e.g. ``"ndcg@10"`` or ``"mypkg.metrics:bleu"``.
+        depth: leading places the utility reads (``None``: the whole ranking).
+        per_rank: ``(rankings, relevance, mask) -> (B, N, K)`` contributions, or ``None`` when the
+            utility is not prefix-decomposable (custom callables).
+        whole: ``(rankings, relevance, mask) -> (B, N)`` utility of each sampled ranking.
+    """
+
+    name: str
+    depth: int | None
+    per_rank: Callable[[Tensor, Tensor, Tensor | None], Tensor] | None
+    whole: Callable[[Tensor, Tensor, Tensor | None], Tensor]
+
+
+def ranked_relevance(rankings: Tensor, relevance: Tensor, mask: Tensor | None) -> Tensor:
+    """``(B, N, K)`` grades in ranked order; 0 at places beyond a query's real candidates."""
+    rel = relevance if mask is None else torch.where(mask, relevance, torch.zeros_like(relevance))
+    B, N, K = rankings.shape
+    ranked = torch.gather(rel, 1, rankings.reshape(B, N * K)).reshape(B, N, K)
+    return ranked * rank_mask(mask, rankings)
+
+
+def _named(name: str, fn: PerRank, k: int) -> Utility:
+    def per_rank(rankings: Tensor, relevance: Tensor, mask: Tensor | None = None) -> Tensor:
+        rel = relevance if mask is None else torch.where(mask, relevance, torch.zeros_like(relevance))
+        return fn(ranked_relevance(rankings, rel, mask), rel, k)
+
+    def whole(rankings: Tensor, relevance: Tensor, mask: Tensor | None = None) -> Tensor:
+        return per_rank(rankings, relevance, mask).sum(-1)
+
+    return Utility(name=name, depth=k, per_rank=per_rank, whole=whole)
+
+
+def get_utility(name: str) -> Utility:
+    """Resolve ``"ndcg@10"``, ``"dcg@5"``, ``"mrr@10"``, ``"recall@100"``, ``"ap@10"`` or ``"module:function"``.
+
+    Raises:
+        ValueError: unknown name, ``k < 1``, or a custom callable that cannot be imported.
+    """
+    m = _NAMED.match(name)
+    if m:
+        base, k = m["name"], int(m["k"])
+        if base not in PER_RANK:
+            raise ValueError(f"unknown utility {name!r}; known: {sorted(PER_RANK)} as NAME@K, or 'module:function'")
+        if k < 1:
+            raise ValueError(f"utility {name!r}: the cut-off must be >= 1")
+        return _named(name, PER_RANK[base], k)
+    if ":" in name:
+        module, _, attr = name.partition(":")
+        try:
+            fn = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as exc:
+            raise ValueError(f"utility {name!r}: cannot import ({exc})") from None
+        depth = getattr(fn, "depth", None)
+        return Utility(name=name, depth=None if depth is None else int(depth), per_rank=None, whole=fn)
+    raise ValueError(f"unknown utility {name!r}; expected NAME@K (ndcg, dcg, mrr, recall, ap) or 'module:function'")

@@ -1,0 +1,77 @@
+"""The seeded validation carve-out of the training split (paper: "a validation set of 7k examples").
+
+``data.validation_size`` queries of ``data.train``'s qrels, drawn with ``data.validation_seed``, become
+the ``validation`` split; the rest is ``train-pg``. Both are written as BEIR qrels under
+``Paths.carved_qrels`` and read back through :func:`pgrank.data.beir.load_topics` like any split.
+"""
+
+from __future__ import annotations
+
+import csv
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from pgrank.atomic import atomic_path
+from pgrank.config import DataConfig
+from pgrank.data.beir import Qrels, _check_split, load_qrels
+from pgrank.errors import DataError
+from pgrank.paths import CARVED_FILES, CARVED_TRAIN, VALIDATION, Paths
+
+_QRELS_HEADER = ["query-id", "corpus-id", "score"]
+
+
+@dataclass(frozen=True)
+class CarveOut:
+    dataset: str
+    split: str  # the BEIR split that was carved
+    train_path: Path
+    validation_path: Path
+    train_queries: int
+    validation_queries: int
+
+
+
+def carve_validation(qrels: Qrels, size: int, seed: int) -> tuple[Qrels, Qrels]:
+    """Split judged queries into (train, validation) with ``size`` seeded validation queries.
+
+    The draw is over the sorted query ids, so it depends only on the ids, ``size`` and ``seed``;
+    both parts keep the input's order. Pure: ``qrels`` is not modified.
+    """
+    if size >= len(qrels):
+        raise DataError(f"data.validation_size={size} must be smaller than the {len(qrels)} training queries")
+    chosen = set(random.Random(seed).sample(sorted(qrels), size))
+    train = {qid: dict(docs) for qid, docs in qrels.items() if qid not in chosen}
+    validation = {qid: dict(docs) for qid, docs in qrels.items() if qid in chosen}
+    return train, validation
+
+
+def write_qrels(path: str | Path, qrels: Qrels) -> None:
+    """Write a BEIR qrels TSV atomically: header, then one ``qid<TAB>doc<TAB>score`` row, CRLF like BEIR."""
+    with atomic_path(path) as tmp:
+        with open(tmp, "w", encoding="utf-8", newline="") as fh:
+            writer = csv.writer(fh, delimiter="\t", lineterminator="\r\n")
+            writer.writerow(_QRELS_HEADER)
+            writer.writerows([qid, doc_id, score] for qid, docs in qrels.items() for doc_id, score in docs.items())
+
+
+def write_carve_out(paths: Paths, data: DataConfig) -> CarveOut:
+    """Carve ``data.validation_size`` seeded validation queries out of ``data.train``'s qrels.
+
+    Writes ``Paths.carved_qrels(dataset, "train")`` and ``(dataset, "validation")``, read back
+    as the splits ``train-pg`` and ``validation``. Deterministic: rerunning rewrites identical bytes.
+    """
+    dataset, split = data.train.split("/")
+    path = _check_split(paths, dataset, split)
+    qrels = load_qrels(path)
+    try:
+        train, validation = carve_validation(qrels, data.validation_size, data.validation_seed)
+    except DataError:
+        raise DataError(f"data.validation_size={data.validation_size} must be smaller than the {len(qrels)} "
+                        f"queries of {data.train} ({path}); lower it, e.g. --set data.validation_size="
+                        f"{max(1, len(qrels) // 8)}") from None
+    train_path = paths.carved_qrels(dataset, CARVED_FILES[CARVED_TRAIN])
+    validation_path = paths.carved_qrels(dataset, CARVED_FILES[VALIDATION])
+    write_qrels(train_path, train)
+    write_qrels(validation_path, validation)
+    return CarveOut(dataset, split, train_path, validation_path, len(train), len(validation))

@@ -1,0 +1,57 @@
+"""Which retriever kind evaluates a system, looked up by name through one dict.
+
+``evaluate.systems`` lists the comparison systems by kind (``bm25``, ``dense``, ``sparse``); the trained
+policies ``pgrank-<warm start>[@epoch]`` are dense. Each kind is the package
+``pgrank/retrieval/<kind>``, imported only when a system of that kind is evaluated, so one DVC stage per
+kind (``evaluate-<kind>``) depends on its own code and no other kind's.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from pgrank.config import Params
+from pgrank.errors import PgrankError
+from pgrank.paths import Paths
+
+# kind -> the module with for_evaluation(params, paths, system, dataset) -> retriever
+KINDS: dict[str, str] = {
+    "bm25": "pgrank.retrieval.bm25.retriever",
+    "dense": "pgrank.retrieval.dense.retriever",
+    "sparse": "pgrank.retrieval.sparse.retriever",
+}
+POLICY_PREFIX = "pgrank-"
+
+
+def policy_systems(params: Params) -> list[str]:
+    """The trained policies, one per warm start: ``pgrank-<warm start>``."""
+    return [f"{POLICY_PREFIX}{w}" for w in params.train.warm_starts]
+
+
+def warm_start_of(system: str) -> str | None:
+    """The warm start of a policy (``pgrank-minilm@2`` -> ``minilm``), else ``None``."""
+    if not system.startswith(POLICY_PREFIX):
+        return None
+    return system[len(POLICY_PREFIX):].partition("@")[0]
+
+
+def kind_of(params: Params, system: str) -> str:
+    """``bm25``, ``dense`` or ``sparse``; a policy is dense.
+
+    Raises:
+        PgrankError: the name is neither a policy nor listed under ``evaluate.systems``.
+    """
+    if system.startswith(POLICY_PREFIX):
+        return "dense"
+    kind = params.evaluate.systems.kind(system)
+    if kind is None:
+        raise PgrankError(f"system {system!r} is not listed under evaluate.systems (bm25: "
+                          f"{params.evaluate.systems.bm25}, dense: {params.evaluate.systems.dense}, sparse: "
+                          f"{params.evaluate.systems.sparse}) and is not a policy pgrank-<warm start>")
+    return kind
+
+
+def open_system(params: Params, paths: Paths, system: str, dataset: str):
+    """The retriever that evaluates ``system`` on ``dataset`` (loads its corpus, index or embeddings once)."""
+    module = importlib.import_module(KINDS[kind_of(params, system)])
+    return module.for_evaluation(params, paths, system, dataset)

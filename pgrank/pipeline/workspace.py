@@ -1,0 +1,181 @@
+"""Where ``dvc repro`` runs for a profile: the project itself, or a composed profile workspace.
+
+``params.yaml`` as committed is the paper's configuration, and ``dvc repro`` in the project runs it.
+A profile (``profiles/<name>.yaml``) or ``--set`` overrides never edit a tracked file: they are
+composed into a self-contained DVC workspace at the profile's ``paths.root`` (``runs/demo`` for the
+demo), holding
+
+* ``dvc.yaml`` and the code it declares as dependencies (``cli.py``, ``pgrank/``), synced from the
+  project byte for byte, so the one DAG is the project's ``dvc.yaml``;
+* ``params.yaml``: the composed, validated configuration with every key explicit. ``paths.root`` is the
+  workspace itself (so its outputs, ``dvc.lock`` and DVC cache live apart from the paper's);
+  ``paths.data`` and ``paths.embeddings`` point, relative to the workspace, at the folders the profile
+  names (by default the project's ``data/``, shared by every profile: a dataset is downloaded once and a
+  (model, corpus) pair encoded once); a relative ``data.mirror`` is made absolute;
+* a ``--no-scm`` DVC project (``.dvc/``), with the cache linked rather than copied.
+
+Files are rewritten only when their bytes change, so an unchanged re-run is a DVC no-op, and
+changing one training knob re-runs only the stages that read it.
+
+Example:
+    >>> ws = prepare(Path("params.yaml"), "demo", ["train.epochs=1"])
+    >>> subprocess.run(["dvc", "repro"], cwd=ws, check=True)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import yaml
+
+from pgrank.atomic import atomic_path
+from pgrank.config import Params, load_params
+from pgrank.errors import PgrankError
+
+# What dvc.yaml's stages depend on, relative to the project (synced into workspaces).
+SYNCED = ("dvc.yaml", "cli.py", "pgrank")
+DVC_CONFIG = "[core]\n    no_scm = True\n[cache]\n    type = hardlink,symlink\n"
+
+
+def _write_if_changed(path: Path, data: bytes) -> bool:
+    if path.is_file() and path.read_bytes() == data:
+        return False
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+    return True
+
+
+def _sync(src: Path, dst: Path) -> None:
+    """Mirror a file or folder (sources only: no caches), touching only what differs."""
+    if src.is_file():
+        _write_if_changed(dst, src.read_bytes())
+        return
+    wanted = set()
+    for file in src.rglob("*"):
+        if file.is_file() and "__pycache__" not in file.parts and file.suffix not in (".pyc",):
+            rel = file.relative_to(src)
+            wanted.add(rel)
+            _write_if_changed(dst / rel, file.read_bytes())
+    if dst.is_dir():
+        for file in sorted(dst.rglob("*"), reverse=True):
+            rel = file.relative_to(dst)
+            if file.is_file() and rel not in wanted and "__pycache__" not in rel.parts:
+                file.unlink()
+
+
+def _relative_to(path: str, project: Path, ws: Path) -> str:
+    """A project-relative path as seen from the workspace (absolute paths stay absolute)."""
+    if Path(path).expanduser().is_absolute():
+        return str(Path(path).expanduser())
+    return os.path.relpath(project / path, ws)
+
+
+def workspace_params(params: Params, project: Path, ws: Path) -> dict:
+    """The composed params as written into a workspace: explicit, DVC-friendly, workspace-relative."""
+    doc = params.model_dump(mode="json")
+    doc["paths"] = {"root": ".", "data": _relative_to(params.paths.data, project, ws),
+                    "embeddings": _relative_to(params.paths.embeddings, project, ws)}
+    mirror = params.data.mirror
+    if mirror and "://" not in mirror:
+        doc["data"]["mirror"] = str((project / Path(mirror).expanduser()).resolve())
+    dataset, split = params.data.train.split("/")
+    doc["data"]["train"] = {"dataset": dataset, "split": split}
+    doc["data"]["eval_sets"] = params.data.eval_sets_by_dataset()
+    return doc
+
+
+def prepare(params_file: str | Path, profile: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Path:
+    """The directory to run ``dvc`` in for this profile and these overrides (see the module docstring).
+
+    Without a profile or overrides it is the project itself. Raises :class:`PgrankError` (via the
+    config) for an invalid composition, before anything is written.
+    """
+    params_file = Path(params_file).resolve()
+    project = params_file.parent
+    if not profile and not overrides:
+        return project
+    params = load_params(params_file, overrides, profile)
+    ws = (project / params.paths.root).resolve()
+    if ws == project or project not in ws.parents:
+        raise PgrankError(f"paths.root={params.paths.root!r}: a profile's root must be a folder inside {project}")
+    ws.mkdir(parents=True, exist_ok=True)
+    for name in SYNCED:
+        if not (project / name).exists():
+            raise PgrankError(f"{project / name}: missing; run from a pgrank checkout")
+        _sync(project / name, ws / name)
+    text = "# Composed by pgrank from params.yaml"
+    text += f" + profiles/{profile}.yaml" if profile else ""
+    text += "".join(f" + --set {o}" for o in overrides)
+    text += "; do not edit (edit the sources and re-run).\n"
+    _write_if_changed(ws / "params.yaml", (text + yaml.safe_dump(workspace_params(params, project, ws), sort_keys=False)).encode())
+    if not (ws / ".dvc").is_dir():
+        run_dvc(["init", "--no-scm", "-q"], ws)
+    _write_if_changed(ws / ".dvc" / "config", DVC_CONFIG.encode())
+    return ws
+
+
+def run_dvc(args: list[str], cwd: Path, *, capture: bool = False) -> subprocess.CompletedProcess:
+    """Run ``dvc ARGS`` in ``cwd``; a failure raises :class:`PgrankError` with DVC's message."""
+    exe = shutil.which("dvc")
+    if exe is None:
+        raise PgrankError("dvc is not installed; pip install dvc")
+    proc = subprocess.run([exe, *args], cwd=cwd, text=True, capture_output=capture)
+    if proc.returncode != 0:
+        detail = (proc.stderr or proc.stdout or "").strip().splitlines()[-5:] if capture else []
+        raise PgrankError(f"`dvc {' '.join(args)}` failed in {cwd} (exit {proc.returncode})"
+                          + (":\n" + "\n".join(detail) if detail else ""))
+    return proc
+
+
+def repro(params_file: str | Path, profile: str | None = None, overrides: list[str] | tuple[str, ...] = (),
+          targets: list[str] | tuple[str, ...] = (), *, dry: bool = False) -> Path:
+    """``dvc repro`` for a profile, inside one MLflow parent run that every stage nests under.
+
+    Returns the workspace (the project itself for the paper without overrides).
+    """
+    from pgrank import tracking
+
+    ws = prepare(params_file, profile, overrides)
+    args = ["repro", *(["--dry"] if dry else []), *targets]
+    with pipeline_run(ws, profile, overrides, enabled=not dry) as run_id, _env(tracking.PARENT_ENV, run_id):
+        run_dvc(args, ws)
+    return ws
+
+
+@contextlib.contextmanager
+def pipeline_run(ws: Path, profile: str | None = None, overrides: list[str] | tuple[str, ...] = (), *,
+                 enabled: bool = True) -> Iterator[str | None]:
+    """The MLflow parent run of one pipeline execution in workspace ``ws``; yields its id.
+
+    Stage runs nest under it when their process sees the id in ``tracking.PARENT_ENV``. Yields
+    ``None`` when tracking is off (``tracking.enabled: false`` or ``enabled=False``). Shared by
+    :func:`repro` and the Prefect flow (``flows/pipeline.py``).
+    """
+    from pgrank import tracking
+    from pgrank.paths import Paths
+
+    params = load_params(ws / "params.yaml")
+    paths = Paths.from_config(params.paths, base=ws)
+    with tracking.stage_run(params, paths, f"pipeline{'-' + profile if profile else ''}", tags={"stage": "pipeline"},
+                            log_params={"profile": profile or "paper", "overrides": list(overrides)},
+                            enabled=params.tracking.enabled and enabled, nested=False) as run:
+        yield run.info.run_id if run is not None else None
+
+
+@contextlib.contextmanager
+def _env(name: str, value: str | None):
+    old = os.environ.get(name)
+    if value is not None:
+        os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old

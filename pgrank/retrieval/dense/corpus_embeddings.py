@@ -1,0 +1,269 @@
+"""Corpus embeddings: an artifact computed once per (model, max_seq_length, corpus checksum).
+
+Mining and first-stage evaluation both need every document of a corpus encoded; for MS MARCO that
+is 8.8M documents, hours on a GPU, and 13.5 GB at float16. So the embeddings are an artifact of
+their own, at ``Paths.corpus_embeddings(model key, max_seq_length, corpus sha256)``::
+
+    doc_ids.json        the document ids, in row order (the corpus file's order)
+    plan.json           what is being encoded (model, length, checksum, shard size): guards a resume
+    shard-00000.npy     float16 (chunk_size, dim) rows, one file per chunk, each written atomically
+    ...
+    meta.json           written last: its presence means the artifact is complete
+
+Encoding goes shard by shard, so an interruption loses at most the shard in flight: the next run
+finds the finished shards (same plan, right shape) and encodes only the rest. Readers open the
+shards memory-mapped and hand them out one block at a time as float32.
+
+Document text follows BEIR (``DenseRetrievalExactSearch`` / ``SentenceBERT.encode_corpus``):
+``(title + " " + text).strip()``. Models are applied as saved: a model whose pipeline ends in a
+``Normalize`` module (gtr-t5-xl, all-MiniLM-L6-v2) gives cosine scores under inner product, a dot
+model (msmarco-distilbert-dot-v5) gives dot scores.
+
+Example:
+    >>> emb = build_corpus_embeddings(lambda: load_encoder(ref, models), ref.key, corpus, folder,
+    ...                               corpus_sha256=sha, max_seq_length=512, batch_size=128,
+    ...                               chunk_size=65536)
+    >>> for start, block in emb.blocks():   # float32 (rows, dim), one shard at a time
+    ...     ...
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from pgrank.atomic import atomic_path, write_json
+from pgrank.data.beir import document_text
+from pgrank.errors import DataError
+from pgrank.retrieval.dense.encoding import encode_documents, encoding_devices
+
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
+
+log = logging.getLogger(__name__)
+
+FORMAT = "pgrank-corpus-embeddings/1"
+
+
+def _shard_path(folder: Path, i: int) -> Path:
+    return folder / f"shard-{i:05d}.npy"
+
+
+@dataclass(frozen=True)
+class CorpusEmbeddings:
+    """A complete corpus-embedding artifact, read lazily.
+
+    Attributes:
+        folder: the artifact folder.
+        doc_ids: document ids in row order.
+        dim: embedding dimension.
+        chunk_size: rows per shard (the last shard may be shorter).
+        meta: the artifact's ``meta.json``.
+    """
+
+    folder: Path
+    doc_ids: list[str]
+    dim: int
+    chunk_size: int
+    meta: dict
+
+    @property
+    def num_shards(self) -> int:
+        return -(-len(self.doc_ids) // self.chunk_size)
+
+    def shard(self, i: int) -> np.ndarray:
+        """Shard ``i`` as a read-only float16 memory map."""
+        return np.load(_shard_path(self.folder, i), mmap_mode="r")
+
+    def rows(self, lo: int, hi: int) -> np.ndarray:
+        """float32 embeddings of corpus rows ``lo:hi`` (may span shards)."""
+        parts = []
+        for i in range(lo // self.chunk_size, -(-hi // self.chunk_size)):
+            base = i * self.chunk_size
+            parts.append(self.shard(i)[max(lo - base, 0) : hi - base])
+        return np.concatenate(parts).astype(np.float32, copy=False) if len(parts) > 1 else np.asarray(parts[0], np.float32)
+
+    def blocks(self, rows: int | None = None) -> Iterator[tuple[int, np.ndarray]]:
+        """Yield ``(start_row, float32 block)`` over the corpus, ``rows`` rows at a time (default: a shard).
+
+        Only one block is materialized at a time; ``rows`` larger than a shard joins shards.
+        """
+        step = rows or self.chunk_size
+        for lo in range(0, len(self.doc_ids), step):
+            yield lo, self.rows(lo, min(lo + step, len(self.doc_ids)))
+
+    def vectors(self, rows: np.ndarray) -> np.ndarray:
+        """float32 embeddings of the given corpus rows ``(n, dim)``, read from the memory maps."""
+        rows = np.asarray(rows, dtype=np.int64)
+        out = np.empty((len(rows), self.dim), dtype=np.float32)
+        shard_of = rows // self.chunk_size
+        for i in np.unique(shard_of):
+            mask = shard_of == i
+            out[mask] = self.shard(int(i))[rows[mask] - i * self.chunk_size]
+        return out
+
+
+def open_corpus_embeddings(folder: str | Path) -> CorpusEmbeddings:
+    """Open a complete artifact.
+
+    Raises:
+        DataError: the folder is missing or incomplete (no ``meta.json``: encoding never finished).
+    """
+    folder = Path(folder)
+    meta_path = folder / "meta.json"
+    if not meta_path.is_file():
+        raise DataError(f"{folder}: not a complete corpus-embedding artifact (no meta.json); run `pgrank mine` to build it")
+    meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    if meta.get("format") != FORMAT:
+        raise DataError(f"{meta_path}: format {meta.get('format')!r}, expected {FORMAT!r}")
+    doc_ids = json.loads((folder / "doc_ids.json").read_text(encoding="utf-8"))
+    if len(doc_ids) != meta["num_docs"]:
+        raise DataError(f"{folder / 'doc_ids.json'}: {len(doc_ids)} ids, meta.json says {meta['num_docs']}")
+    return CorpusEmbeddings(folder, doc_ids, int(meta["dim"]), int(meta["chunk_size"]), meta)
+
+
+def _shard_done(path: Path, rows: int, dim: int | None) -> bool:
+    if not path.is_file():
+        return False
+    try:
+        arr = np.load(path, mmap_mode="r")
+    except (ValueError, OSError):
+        return False
+    return arr.dtype == np.float16 and arr.shape[0] == rows and (dim is None or arr.shape[1] == dim)
+
+
+def _start_or_resume(folder: Path, plan: dict, doc_ids: list[str]) -> None:
+    """Write the plan and ids, or keep a partial artifact that has exactly the same ones."""
+    plan_path, ids_path = folder / "plan.json", folder / "doc_ids.json"
+    if plan_path.is_file() and ids_path.is_file():
+        same_plan = json.loads(plan_path.read_text(encoding="utf-8")) == plan
+        if same_plan and json.loads(ids_path.read_text(encoding="utf-8")) == doc_ids:
+            return
+        log.warning("%s: partial artifact from a different plan or corpus; starting over", folder)
+    for stale in folder.glob("shard-*.npy"):
+        stale.unlink()
+    write_json(ids_path, doc_ids)
+    write_json(plan_path, plan)
+
+
+def build_corpus_embeddings(
+    load_model: Callable[[], "SentenceTransformer"],
+    model_key: str,
+    corpus: Mapping[str, Mapping[str, str]],
+    folder: str | Path,
+    *,
+    corpus_sha256: str,
+    max_seq_length: int,
+    batch_size: int,
+    chunk_size: int,
+    show_progress: bool = True,
+) -> CorpusEmbeddings:
+    """Encode the corpus into ``folder`` shard by shard, resuming from finished shards.
+
+    Args:
+        load_model: returns the encoder; called only when some shard still has to be encoded.
+        model_key: the model's identity (:attr:`pgrank.models.hub.ModelRef.key`), recorded in the plan.
+        corpus: BEIR corpus ``{doc_id: {"title", "text"}}``; rows follow its order.
+        folder: the artifact folder (``Paths.corpus_embeddings(...)``).
+        corpus_sha256: the corpus checksum the folder is keyed by, recorded in the plan.
+        max_seq_length: the truncation length the folder is keyed by, recorded in the plan.
+        batch_size: sentence-transformers batch size.
+        chunk_size: documents per shard (the resume granularity).
+        show_progress: tqdm bar over documents.
+
+    Returns:
+        The complete artifact. With several CUDA devices, encoding uses sentence-transformers'
+        multi-process pool (one process per GPU); otherwise a plain ``encode`` on the model's device.
+    """
+    folder = Path(folder)
+    if (folder / "meta.json").is_file():
+        return open_corpus_embeddings(folder)
+    if not corpus:
+        raise DataError("cannot embed an empty corpus")
+    folder.mkdir(parents=True, exist_ok=True)
+    doc_ids = list(corpus)
+    plan = {"model": model_key, "max_seq_length": max_seq_length, "corpus_sha256": corpus_sha256,
+            "num_docs": len(doc_ids), "chunk_size": chunk_size, "text": "(title + ' ' + text).strip()"}
+    _start_or_resume(folder, plan, doc_ids)
+
+    num_shards = -(-len(doc_ids) // chunk_size)
+    rows_of = [min(chunk_size, len(doc_ids) - i * chunk_size) for i in range(num_shards)]
+    dim = None
+    todo = []
+    for i in range(num_shards):
+        if _shard_done(_shard_path(folder, i), rows_of[i], dim):
+            dim = dim or int(np.load(_shard_path(folder, i), mmap_mode="r").shape[1])
+        else:
+            todo.append(i)
+    if todo:
+        log.info("%s: %d of %d shards to encode", folder, len(todo), num_shards)
+    bar = tqdm(total=len(doc_ids), initial=len(doc_ids) - sum(rows_of[i] for i in todo), unit="doc",
+               desc="Encoding corpus", disable=not show_progress or not todo, smoothing=0.05)
+    pool = model = home = None
+    try:
+        for i in todo:
+            if model is None:
+                model = load_model()
+                devices = encoding_devices()
+                if devices:
+                    home = model.device  # the pool moves the model to CPU; it goes back afterwards
+                    pool = model.start_multi_process_pool(devices)
+            ids = doc_ids[i * chunk_size : i * chunk_size + rows_of[i]]
+            emb = encode_documents(model, [document_text(corpus[d]) for d in ids], batch_size=batch_size, pool=pool)
+            if dim is not None and emb.shape[1] != dim:
+                raise DataError(f"{folder}: shard {i} has dimension {emb.shape[1]}, earlier shards {dim}")
+            dim = emb.shape[1]
+            with atomic_path(_shard_path(folder, i)) as tmp, open(tmp, "wb") as fh:
+                np.save(fh, emb.astype(np.float16))
+            bar.update(len(ids))
+    finally:
+        bar.close()
+        if pool is not None:
+            model.stop_multi_process_pool(pool)
+            model.to(home)
+
+    meta = dict(plan, format=FORMAT, dim=dim, dtype="float16", num_shards=num_shards)
+    write_json(folder / "meta.json", meta)
+    return open_corpus_embeddings(folder)
+
+
+def model_corpus_embeddings(
+    ref,
+    models,
+    paths,
+    dataset: str,
+    *,
+    max_seq_length: int,
+    batch_size: int,
+    chunk_size: int,
+    corpus_loader: Callable[[], Mapping[str, Mapping[str, str]]],
+    load_model: Callable[[], "SentenceTransformer"] | None = None,
+    show_progress: bool = True,
+) -> CorpusEmbeddings:
+    """The artifact of model ``ref`` over ``dataset``'s corpus, built on first use (mining, training and
+    evaluation all come here, so one (model, length, corpus) is encoded once).
+
+    Args:
+        ref: a :class:`pgrank.models.hub.ModelRef`; ``models``: the ``models`` params section;
+            ``paths``: :class:`pgrank.paths.Paths`.
+        corpus_loader: returns the corpus; called only when something must still be encoded.
+        load_model: returns the encoder (default: :func:`pgrank.models.hub.load_encoder` of ``ref``).
+    """
+    from pgrank.data.checksums import corpus_sha256
+    from pgrank.models.hub import load_encoder
+
+    sha = corpus_sha256(paths.dataset(dataset))
+    folder = paths.corpus_embeddings(ref.key, max_seq_length, sha)
+    if (folder / "meta.json").is_file():
+        return open_corpus_embeddings(folder)
+    loader = load_model or (lambda: load_encoder(ref, models, max_seq_length=max_seq_length))
+    return build_corpus_embeddings(loader, ref.key, corpus_loader(), folder, corpus_sha256=sha,
+                                   max_seq_length=max_seq_length, batch_size=batch_size, chunk_size=chunk_size,
+                                   show_progress=show_progress)

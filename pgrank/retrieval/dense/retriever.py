@@ -1,0 +1,135 @@
+"""Dense bi-encoders as retrievers: exact inner-product search over a corpus-embedding artifact.
+
+The same shape as every retriever kind (see :mod:`pgrank.retrieval.bm25.retriever`). Documents come
+from the corpus-embedding artifact of the *document* model (built once per model, length and corpus,
+and shared by mining, training and evaluation); queries are encoded by the *query* model. The two
+differ for a ``tower: query`` policy, whose checkpoint pairs a trained query encoder with the frozen
+warm start (:mod:`pgrank.training.checkpoints`).
+
+Systems (:func:`for_evaluation`): a sentence-transformers model by alias, hub id or folder, or a
+trained policy ``pgrank-<warm start>`` (its last epoch) / ``pgrank-<warm start>@<epoch>``.
+
+Example:
+    >>> retriever = for_evaluation(params, paths, "pgrank-minilm", "scifact")
+    >>> scores, rows = retriever.search(retriever.encode(["what causes fever"]), k=10)
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from pgrank.config import Params
+from pgrank.errors import PgrankError
+from pgrank.paths import Paths
+
+POLICY_PREFIX = "pgrank-"
+
+
+@dataclass(frozen=True)
+class DenseSystem:
+    """What encodes queries and documents for one system, and how they are compared."""
+
+    name: str
+    query_model: str  # alias, hub id or folder
+    document_model: str  # its corpus-embedding artifact is what gets searched
+    similarity: str = "dot"
+    warm_start: str | None = None  # the baseline of a policy
+    epoch: int | None = None
+
+
+def policy_system(params: Params, paths: Paths, name: str) -> DenseSystem:
+    """``pgrank-<warm>`` (last epoch) or ``pgrank-<warm>@<epoch>``: a trained checkpoint."""
+    from pgrank.models.hub import read_checkpoint_meta
+
+    warm, _, epoch_text = name[len(POLICY_PREFIX):].partition("@")
+    epoch = int(epoch_text) if epoch_text.isdigit() else params.train.epochs
+    folder = paths.checkpoint(warm, epoch)
+    if not folder.is_dir():
+        raise PgrankError(f"{folder}: no checkpoint for system {name!r}; run `pgrank train --warm-start {warm}` "
+                          f"with epoch {epoch} in train.keep_epochs")
+    meta = read_checkpoint_meta(folder)
+    documents = warm if meta.get("tower") == "query" else str(folder)
+    return DenseSystem(name, str(folder), documents, meta.get("similarity", "dot"), warm, epoch)
+
+
+def _normalize(x: np.ndarray) -> np.ndarray:
+    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+
+
+class DenseRetriever:
+    """Exact inner-product (or cosine) search of one dataset's corpus with one :class:`DenseSystem`."""
+
+    def __init__(self, params: Params, paths: Paths, system: DenseSystem, dataset: str, *,
+                 max_seq_length: int, batch_size: int, progress: bool = False):
+        from pgrank.data.beir import load_corpus
+        from pgrank.models.hub import resolve_model
+        from pgrank.retrieval.dense.corpus_embeddings import model_corpus_embeddings
+
+        self.params, self.system = params, system
+        self.max_seq_length, self.batch_size, self.progress = max_seq_length, batch_size, progress
+        document_ref = resolve_model(system.document_model, params.models)
+        self.emb = model_corpus_embeddings(
+            document_ref, params.models, paths, dataset, max_seq_length=max_seq_length, batch_size=batch_size,
+            chunk_size=params.mine.chunk_size, corpus_loader=lambda: load_corpus(paths.dataset(dataset), progress=progress),
+            load_model=self._model if system.query_model == system.document_model else None, show_progress=progress)
+        self.doc_ids = self.emb.doc_ids
+
+    @functools.cached_property
+    def _row(self) -> dict[str, int]:
+        return {d: i for i, d in enumerate(self.doc_ids)}
+
+    @functools.cache
+    def _model(self):
+        from pgrank.models.hub import load_encoder
+
+        return load_encoder(self.system.query_model, self.params.models, max_seq_length=self.max_seq_length)
+
+    @functools.cached_property
+    def _ranks(self) -> np.ndarray:
+        from pgrank.data.runs import id_ranks
+
+        return id_ranks(self.doc_ids)
+
+    def rows(self, doc_ids: Sequence[str]) -> np.ndarray:
+        return np.fromiter((self._row[d] for d in doc_ids), dtype=np.int64, count=len(doc_ids))
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        """float32 ``(Q, dim)`` query embeddings (unit length for a cosine system)."""
+        from pgrank.retrieval.dense.encoding import encode_queries
+
+        _, vecs = encode_queries(self._model(), dict(enumerate(texts)), batch_size=self.batch_size,
+                                 show_progress=self.progress)
+        return _normalize(vecs) if self.system.similarity == "cosine" else vecs
+
+    def search(self, encoded: np.ndarray, k: int, *, block_rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        from pgrank.retrieval.dense.exact_search import dense_search
+
+        blocks = self.emb.blocks(block_rows)
+        if self.system.similarity == "cosine":
+            blocks = ((start, _normalize(b)) for start, b in blocks)
+        return dense_search(encoded, blocks, self._ranks, k)
+
+    def score(self, encoded: np.ndarray, query_rows: np.ndarray, doc_rows: np.ndarray) -> np.ndarray:
+        docs = self.emb.vectors(doc_rows)
+        if self.system.similarity == "cosine":
+            docs = _normalize(docs)
+        return np.einsum("pd,pd->p", docs, encoded[query_rows]).astype(np.float32)
+
+
+def for_mining(params: Params, paths: Paths, dataset: str, *, progress: bool = True) -> DenseRetriever:
+    """The stage-1 retriever of ``mine.source: dense``: ``mine.model`` for queries and documents."""
+    cfg = params.mine
+    system = DenseSystem(cfg.model, cfg.model, cfg.model)
+    return DenseRetriever(params, paths, system, dataset, max_seq_length=cfg.max_seq_length,
+                          batch_size=cfg.batch_size, progress=progress)
+
+
+def for_evaluation(params: Params, paths: Paths, name: str, dataset: str) -> DenseRetriever:
+    """A comparison system of ``evaluate.systems.dense`` or a trained policy (see the module docstring)."""
+    system = policy_system(params, paths, name) if name.startswith(POLICY_PREFIX) else DenseSystem(name, name, name)
+    cfg = params.evaluate
+    return DenseRetriever(params, paths, system, dataset, max_seq_length=cfg.max_seq_length, batch_size=cfg.batch_size)

@@ -1,0 +1,150 @@
+"""Checkpoints: sentence-transformers folders per kept epoch, and resumable training state.
+
+``{model_dir}/epoch-{e}/`` is a plain sentence-transformers model (safetensors) plus ``pgrank.json``
+describing it. For ``tower: query`` the checkpoint is an asymmetric model: a sentence-transformers
+``Router`` whose ``query`` route is the trained encoder and whose ``document`` route is the frozen
+warm start, so ``encode_query`` / ``encode_document`` do the right thing for any user, and
+``pgrank.json``'s ``document_encoder`` names the warm start whose corpus-embedding artifact can be
+reused.
+
+``{model_dir}/state/`` exists only while a run is incomplete: the trainable model after the last
+finished epoch, and ``trainer.pt`` with the optimizer, scheduler, RNG states, counters and a
+fingerprint of the settings. It is read with ``torch.load(weights_only=True)``: no pickle.
+Everything is written atomically, so a kill leaves the previous complete checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pgrank.atomic import atomic_path
+from pgrank.models.hub import CHECKPOINT_META
+
+TRAINER_STATE = "trainer.pt"
+
+
+def save_model(model: Any, path: Path, meta: dict, *, document_model: Any | None = None) -> None:
+    """Save ``model`` (or the query/document pair) as a sentence-transformers folder, atomically."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules import Router
+
+    to_save = model
+    if document_model is not None:
+        router = Router.for_query_document(query_modules=list(model), document_modules=list(document_model))
+        to_save = SentenceTransformer(modules=[router], device=str(next(model.parameters()).device))
+        to_save.similarity_fn_name = model.similarity_fn_name
+    with atomic_path(path, directory=True) as tmp:
+        to_save.save(str(tmp), safe_serialization=True)
+        (tmp / CHECKPOINT_META).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+
+
+@dataclass
+class TrainerState:
+    """Everything besides the model weights needed to continue a run exactly."""
+
+    epoch: int  # epochs completed
+    step: int  # optimizer steps completed
+    fingerprint: str
+    optimizer: dict = field(default_factory=dict)
+    scheduler: dict = field(default_factory=dict)
+    torch_rng: torch.Tensor | None = None
+    cuda_rng: list[torch.Tensor] = field(default_factory=list)
+    python_rng: tuple | None = None
+    history: list[dict] = field(default_factory=list)
+
+
+def save_state(path: Path, model: Any, state: TrainerState) -> None:
+    """Write the resumable state (model + trainer) atomically as one folder."""
+    with atomic_path(path, directory=True) as tmp:
+        model.save(str(tmp / "model"), safe_serialization=True)
+        torch.save(
+            {
+                "epoch": state.epoch,
+                "step": state.step,
+                "fingerprint": state.fingerprint,
+                "optimizer": state.optimizer,
+                "scheduler": state.scheduler,
+                "torch_rng": state.torch_rng,
+                "cuda_rng": state.cuda_rng,
+                "python_rng": _py_rng_to_list(state.python_rng),
+                "history": json.dumps(state.history),
+            },
+            tmp / TRAINER_STATE,
+        )
+
+
+def load_state(path: Path) -> TrainerState | None:
+    """The saved trainer state, or ``None`` if there is no complete one."""
+    file = Path(path) / TRAINER_STATE
+    if not file.is_file() or not (Path(path) / "model").is_dir():
+        return None
+    raw = torch.load(file, map_location="cpu", weights_only=True)
+    return TrainerState(
+        epoch=raw["epoch"], step=raw["step"], fingerprint=raw["fingerprint"], optimizer=raw["optimizer"],
+        scheduler=raw["scheduler"], torch_rng=raw["torch_rng"], cuda_rng=list(raw["cuda_rng"]),
+        python_rng=_py_rng_from_list(raw["python_rng"]), history=json.loads(raw["history"]),
+    )
+
+
+def capture_rng(state: TrainerState) -> None:
+    state.torch_rng = torch.get_rng_state()
+    state.cuda_rng = list(torch.cuda.get_rng_state_all()) if torch.cuda.is_available() else []
+    state.python_rng = random.getstate()
+
+
+def restore_rng(state: TrainerState) -> None:
+    if state.torch_rng is not None:
+        torch.set_rng_state(state.torch_rng)
+    if state.cuda_rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state.cuda_rng)
+    if state.python_rng is not None:
+        random.setstate(state.python_rng)
+
+
+def remove(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def prune(model_dir: Path, fingerprint: str, epochs_done: int) -> list[str]:
+    """Delete from ``model_dir`` everything but this run's work; return what was deleted.
+
+    Kept: ``state/`` (its own fingerprint is checked on load) and each ``epoch-E/`` with ``E <=
+    epochs_done`` whose ``pgrank.json`` carries ``fingerprint``. Anything else (checkpoints of other
+    settings, epochs a resumed run will write again, stray files) goes, so that the output DVC hashes
+    is exactly what this configuration produces.
+    """
+    from pgrank.models.hub import read_checkpoint_meta
+
+    removed = []
+    for entry in sorted(Path(model_dir).iterdir()) if Path(model_dir).is_dir() else []:
+        if entry.name == "state":
+            continue
+        epoch = entry.name.removeprefix("epoch-")
+        ours = (entry.is_dir() and entry.name.startswith("epoch-") and epoch.isdigit() and int(epoch) <= epochs_done
+                and read_checkpoint_meta(entry).get("fingerprint") == fingerprint)
+        if not ours:
+            shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+            removed.append(entry.name)
+    return removed
+
+
+# Python's RNG state is a nested tuple of ints; weights_only loading accepts lists of ints.
+def _py_rng_to_list(state: tuple | None) -> list | None:
+    if state is None:
+        return None
+    version, internal, gauss = state
+    return [version, list(internal), gauss]
+
+
+def _py_rng_from_list(raw: list | None) -> tuple | None:
+    if raw is None:
+        return None
+    version, internal, gauss = raw
+    return (version, tuple(internal), gauss)

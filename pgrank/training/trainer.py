@@ -1,0 +1,364 @@
+"""The policy-gradient training stage, ``pgrank train`` (paper Sec. "Method", "Ranking Policy").
+
+A warm-start sentence-transformers bi-encoder scores each training query's mined candidate set,
+``s(q, d) = phi(eta(q), eta(d))``; the scores define the Plackett-Luce policy ``PL(s / T)`` and
+:func:`pgrank.core.estimators.policy_gradient` gives the surrogate loss (per-rank nDCG@10 credit with the
+leave-one-out baseline and the entropy bonus by default). Two modes (``train.tower``):
+
+* ``both`` (the paper): queries and candidates are re-encoded with gradients every step; candidates
+  go through cached-gradient chunking (:mod:`pgrank.training.grad_cache`), so memory depends on
+  ``train.grad_chunk_size``, not on the 1000 candidates per query.
+* ``query``: document embeddings are frozen and read from the corpus-embedding artifact; only the
+  query side trains. The checkpoint is a query/document ``Router`` model (see
+  :mod:`pgrank.training.checkpoints`), and the corpus index never needs rebuilding.
+
+Training runs on the carved ``train-pg`` split of ``data.train`` and reports nDCG@10 on the carved
+``validation`` split before training (epoch 0) and after every epoch. It is deterministic for a
+seed, resumes from the last finished epoch after a kill (same final weights), stops on a non-finite
+loss or gradient keeping the last good checkpoint, runs data-parallel under ``torchrun``, and logs
+to MLflow from rank 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import logging
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from pgrank import tracking
+from pgrank.atomic import write_json, write_text
+from pgrank.config import Params
+from pgrank.core.estimators import policy_gradient
+from pgrank.core.trec_eval import evaluate_run
+from pgrank.errors import PgrankError
+from pgrank.paths import CARVED_TRAIN, VALIDATION, Paths
+from pgrank.training import checkpoints, distributed
+from pgrank.training.batches import (
+    Batch,
+    Example,
+    FrozenDocuments,
+    build_examples,
+    epoch_order,
+    make_batch,
+    query_generators,
+)
+from pgrank.training.grad_cache import backward_cached, encode, encode_cached
+
+log = logging.getLogger(__name__)
+
+
+
+class TrainingError(PgrankError):
+    """Training cannot go on (non-finite loss or gradient, no training data)."""
+
+
+@dataclass(frozen=True)
+class StepStats:
+    loss: float
+    utility: float
+    entropy: float
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    model_dir: Path
+    final: Path
+    history: list[dict]
+    registered_version: str | None
+
+
+# --------------------------------------------------------------------------------------- one step
+
+
+def _scores(q, d, index, similarity: str):
+    """``(B, n)`` scores of each query against its candidates (``index`` into ``d``'s rows)."""
+    if similarity == "cosine":
+        q, d = torch.nn.functional.normalize(q, dim=-1), torch.nn.functional.normalize(d, dim=-1)
+    return torch.einsum("bd,bnd->bn", q, d[index])
+
+
+def accumulate_gradients(model, batch: Batch, params: Params, *, epoch: int, frozen: FrozenDocuments | None,
+                         corpus=None, forward=None, no_sync=None) -> StepStats:
+    """Forward and backward of one (local) batch; leaves the gradients in ``model``'s parameters.
+
+    Args:
+        model: the trainable sentence-transformers model (``forward``: its DDP wrapper, if any).
+        batch: queries, candidates, grades and mask.
+        frozen: document embeddings for ``tower: query`` (``None`` for ``tower: both``).
+        corpus: ``{doc_id: {title, text}}`` for ``tower: both``.
+        no_sync: DDP's ``no_sync`` factory; all but the last backward then accumulate locally.
+    """
+    from pgrank.data.beir import document_text
+
+    cfg = params.train
+    device = batch.relevance.device
+    gens = query_generators(cfg.seed, epoch, [ex.qid for ex in batch.examples], device)
+    enc = dict(amp=cfg.amp, forward=forward)
+    first = no_sync() if (no_sync is not None and cfg.tower == "both") else contextlib.nullcontext()
+    with first:
+        q = encode(model, [ex.query for ex in batch.examples], task="query", max_length=cfg.max_query_length, **enc)
+        if cfg.tower == "query":
+            docs, texts, states = frozen.vectors(batch.unique_ids, device), None, None
+        else:
+            texts = [document_text(corpus[d]) for d in batch.unique_ids]
+            docs, states = encode_cached(model, texts, chunk_size=cfg.grad_chunk_size, task="document",
+                                         max_length=cfg.max_doc_length, **enc)
+        scores = _scores(q, docs, batch.index, cfg.similarity)
+        pg = cfg.pg
+        out = policy_gradient(
+            scores, batch.relevance, batch.mask, num_samples=pg.num_samples, utility=pg.utility,
+            estimator=pg.estimator, baseline=pg.baseline, temperature=pg.temperature,
+            entropy_coef=pg.entropy_coef, entropy=pg.entropy, generator=gens,
+        )
+        if not torch.isfinite(out.loss):
+            raise TrainingError(f"epoch {epoch}: the loss is {out.loss.item()} (queries {[e.qid for e in batch.examples][:5]})")
+        out.loss.backward()
+    if cfg.tower == "both":
+        backward_cached(model, texts, docs.grad, states, chunk_size=cfg.grad_chunk_size, task="document",
+                        max_length=cfg.max_doc_length, no_sync=no_sync, **enc)
+    return StepStats(out.loss.item(), out.utility.item(), out.entropy.item())
+
+
+# --------------------------------------------------------------------------------------- validation
+
+
+@torch.no_grad()
+def validate(model, examples: list[Example], qrels, params: Params, *, frozen: FrozenDocuments | None,
+             corpus=None, batch_size: int = 64) -> dict[str, float]:
+    """Rerank the validation candidate sets with ``model`` (sorted by score) and evaluate them."""
+    from pgrank.data.beir import document_text
+
+    cfg = params.train
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    run = {}
+    try:
+        for lo in range(0, len(examples), batch_size):
+            batch = make_batch(examples[lo : lo + batch_size], device)
+            q = encode(model, [ex.query for ex in batch.examples], task="query", max_length=cfg.max_query_length, amp=cfg.amp)
+            if frozen is not None:
+                docs = frozen.vectors(batch.unique_ids, device)
+            else:
+                texts = [document_text(corpus[d]) for d in batch.unique_ids]
+                docs = torch.cat([encode(model, texts[i : i + 256], task="document", max_length=cfg.max_doc_length, amp=cfg.amp)
+                                  for i in range(0, len(texts), 256)])
+            scores = _scores(q, docs, batch.index, cfg.similarity).cpu()
+            for b, ex in enumerate(batch.examples):
+                run[ex.qid] = {d: float(scores[b, j]) for j, d in enumerate(ex.doc_ids)}
+    finally:
+        model.train(was_training)
+    means, _ = evaluate_run({qid: qrels[qid] for qid in run}, run, ks=(1, 3, 5, 10), mrr_k=10)
+    return {k: means[k] for k in ("ndcg@1", "ndcg@3", "ndcg@5", "ndcg@10", "mrr@10")}
+
+
+# --------------------------------------------------------------------------------------- the stage
+
+
+def _fingerprint(params: Params, warm_key: str) -> str:
+    blob = json.dumps({"train": params.train.model_dump(mode="json"), "data": params.data.train,
+                       "validation": [params.data.validation_size, params.data.validation_seed],
+                       "warm_start": warm_key}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _load_split(paths: Paths, dataset: str, split: str, params: Params):
+    from pgrank.data.beir import load_topics
+    from pgrank.data.runs import read_run
+
+    queries, qrels = load_topics(paths, dataset, split)
+    cand_path = paths.candidates(dataset, split)
+    if not cand_path.is_file():
+        raise TrainingError(f"{cand_path}: no candidate sets for {dataset}/{split}; run `pgrank mine --dataset {dataset} --split {split}`")
+    examples = build_examples(queries, qrels, read_run(cand_path))
+    if len(examples) < len(queries):
+        log.warning("%s/%s: %d of %d queries have no candidate set and are skipped", dataset, split,
+                    len(queries) - len(examples), len(queries))
+    if not examples:
+        raise TrainingError(f"{cand_path}: no query of {dataset}/{split} has a candidate set")
+    return examples, qrels
+
+
+def _frozen_documents(params: Params, paths: Paths, ref, dataset: str, corpus_loader) -> FrozenDocuments:
+    """The warm start's corpus-embedding artifact (shared with mining when the model and length match)."""
+    from pgrank.retrieval.dense.corpus_embeddings import model_corpus_embeddings
+
+    cfg = params.train
+    return FrozenDocuments(model_corpus_embeddings(
+        ref, params.models, paths, dataset, max_seq_length=cfg.max_doc_length, batch_size=params.mine.batch_size,
+        chunk_size=params.mine.chunk_size, corpus_loader=corpus_loader))
+
+
+def train(params: Params, paths: Paths, warm_start: str, *, device: str | None = None, progress: bool = True) -> TrainResult:
+    """Train Neural PG-Rank from ``warm_start`` (an alias, hub id or folder) on ``data.train``.
+
+    Writes ``Paths.checkpoint(warm_start, e)`` for every kept epoch (and the last), and under
+    ``Paths.training_log(warm_start)`` ``history.json`` (per-epoch validation metrics) and
+    ``curve.csv`` (per-step loss, utility, gradient norm, entropy).
+
+    Raises:
+        TrainingError: missing candidates, or a non-finite loss or gradient (the last good
+            checkpoint and resumable state are kept).
+    """
+    from pgrank.data.beir import load_corpus
+    from pgrank.models.hub import load_encoder, resolve_model
+
+    cfg = params.train
+    dataset = params.data.train.split("/")[0]
+    world, dev = distributed.setup(device)
+    ref = resolve_model(warm_start, params.models)
+    model_dir, state_dir = paths.model_dir(warm_start), paths.train_state(warm_start)
+    fingerprint = _fingerprint(params, ref.key)
+
+    train_examples, _ = _load_split(paths, dataset, CARVED_TRAIN, params)
+    val_examples, val_qrels = _load_split(paths, dataset, VALIDATION, params)
+    corpus = None
+    if cfg.tower == "both":
+        corpus = load_corpus(paths.dataset(dataset), progress=progress and world.is_main)
+        frozen = None
+    else:
+        frozen = _frozen_documents(params, paths, ref, dataset, lambda: load_corpus(paths.dataset(dataset)))
+
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    model = load_encoder(ref, params.models, device=str(dev), max_seq_length=cfg.max_doc_length)
+    model.similarity_fn_name = cfg.similarity
+    model.eval()  # the probe must not consume RNG (dropout): resumed runs replay the RNG exactly
+    unused = distributed.freeze_unused(
+        model, lambda m: encode(m, ["probe"], task="query", max_length=8, amp=cfg.amp).sum())
+    if unused:
+        log.info("not training %d parameters the embeddings do not use: %s", len(unused), ", ".join(unused[:4]))
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: min(1.0, (step + 1) / cfg.warmup_steps) if cfg.warmup_steps else 1.0)
+
+    state = checkpoints.load_state(state_dir)
+    if state is not None and state.fingerprint != fingerprint:
+        log.warning("%s: settings changed since this state was saved; starting over", state_dir)
+        state = None
+    if state is not None:
+        saved = load_encoder(str(state_dir / "model"), params.models, device=str(dev))
+        model.load_state_dict(saved.state_dict())
+        optimizer.load_state_dict(state.optimizer)
+        scheduler.load_state_dict(state.scheduler)
+        checkpoints.restore_rng(state)
+        log.info("resuming %s after epoch %d (step %d)", warm_start, state.epoch, state.step)
+    else:
+        state = checkpoints.TrainerState(epoch=0, step=0, fingerprint=fingerprint)
+        if world.is_main:
+            (paths.training_log(warm_start) / "curve.csv").unlink(missing_ok=True)  # a fresh run starts a fresh curve
+    if world.is_main:
+        # The output (DVC `persist`, so that a killed run resumes) holds only this configuration's work.
+        stale = checkpoints.prune(model_dir, fingerprint, state.epoch)
+        if stale:
+            log.info("%s: removed %s, left by another configuration or an unfinished epoch", model_dir, ", ".join(stale))
+    model.train()
+    forward = distributed.wrap(model, world, dev)
+    no_sync = distributed.no_sync(forward)
+
+    # The frozen document side of a `tower: query` checkpoint: the warm start, loaded once when first saved.
+    document_model = functools.cache(
+        lambda: load_encoder(ref, params.models, device=str(dev), max_seq_length=cfg.max_doc_length))
+
+    def save(epoch: int) -> None:
+        if world.is_main and (epoch in cfg.keep_epochs or epoch == cfg.epochs):
+            meta = {"warm_start": warm_start, "warm_start_model": ref.key, "tower": cfg.tower, "epoch": epoch,
+                    "similarity": cfg.similarity, "fingerprint": fingerprint,
+                    "document_encoder": ref.key if cfg.tower == "query" else None}
+            doc_model = None
+            if cfg.tower == "query":
+                doc_model = document_model()
+                model[0].max_seq_length = cfg.max_query_length
+            checkpoints.save_model(model, paths.checkpoint(warm_start, epoch), meta, document_model=doc_model)
+            model[0].max_seq_length = cfg.max_doc_length
+
+    run_params = {"train": params.train.model_dump(mode="json"), "data.train": params.data.train, "warm_start": ref.key}
+    with tracking.stage_run(params, paths, f"train-{warm_start}", log_params=run_params,
+                            tags={"stage": "train", "warm_start": warm_start},
+                            enabled=world.is_main and params.tracking.enabled) as run:
+        if state.epoch == 0 and not state.history:
+            metrics = validate(model, val_examples, val_qrels, params, frozen=frozen, corpus=corpus) if world.is_main else {}
+            state.history.append({"epoch": 0, **{f"val_{k}": v for k, v in metrics.items()}})
+            tracking.log_metrics(run, {f"val_{k}": v for k, v in metrics.items()}, step=0)
+            save(0)
+        curve: list[dict] = []
+        for epoch in range(state.epoch + 1, cfg.epochs + 1):
+            order = epoch_order(len(train_examples), cfg.seed, epoch, cfg.queries_per_epoch)
+            batches = [order[i : i + cfg.batch_size] for i in range(0, len(order), cfg.batch_size)]
+            bar = tqdm(batches, desc=f"epoch {epoch}/{cfg.epochs}", disable=not (progress and world.is_main), unit="batch")
+            sums = {"loss": 0.0, "utility": 0.0}
+            for batch_ids in bar:
+                started = time.perf_counter()
+                local = distributed.shard([train_examples[i] for i in batch_ids], world)
+                stats = accumulate_gradients(model, make_batch(local, dev), params, epoch=epoch, frozen=frozen,
+                                             corpus=corpus, forward=forward, no_sync=no_sync)
+                norm = torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip or math.inf)
+                if not torch.isfinite(norm):
+                    raise TrainingError(
+                        f"epoch {epoch}, step {state.step + 1}: the gradient norm is {norm.item()}; stopped before "
+                        f"updating. The last good checkpoint and resumable state are in {model_dir}. Lower "
+                        "train.learning_rate or raise train.pg.temperature.")
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+                state.step += 1
+                loss = distributed.all_mean(stats.loss, world, dev)
+                utility = distributed.all_mean(stats.utility, world, dev)
+                point = {"step": state.step, "epoch": epoch, "loss": loss, "utility": utility,
+                         "grad_norm": norm.item(), "entropy": stats.entropy}
+                curve.append(point)
+                tracking.log_metrics(run, {k: point[k] for k in ("loss", "utility", "grad_norm", "entropy")}, step=state.step)
+                sums["loss"] += loss
+                sums["utility"] += utility
+                rate = len(batch_ids) / max(time.perf_counter() - started, 1e-9)
+                bar.set_postfix(loss=f"{loss:.4f}", utility=f"{utility:.4f}", q_s=f"{rate:.1f}",
+                                rankings_s=f"{rate * cfg.pg.num_samples:.0f}")
+            metrics = validate(model, val_examples, val_qrels, params, frozen=frozen, corpus=corpus) if world.is_main else {}
+            row = {"epoch": epoch, "train_loss": sums["loss"] / len(batches), "train_utility": sums["utility"] / len(batches),
+                   **{f"val_{k}": v for k, v in metrics.items()}}
+            state.history.append(row)
+            tracking.log_metrics(run, {k: v for k, v in row.items() if k != "epoch"}, step=state.step)
+            if world.is_main:
+                log.info("epoch %d: %s", epoch, ", ".join(f"{k}={v:.4f}" for k, v in row.items() if k != "epoch"))
+                save(epoch)
+                state.epoch = epoch
+                state.optimizer, state.scheduler = optimizer.state_dict(), scheduler.state_dict()
+                checkpoints.capture_rng(state)
+                _append_curve(paths.training_log(warm_start) / "curve.csv", curve)
+                curve = []
+                checkpoints.save_state(state_dir, model, state)
+            distributed.barrier(world)
+
+        final = paths.checkpoint(warm_start, cfg.epochs)
+        version = None
+        if world.is_main:
+            write_json(paths.training_log(warm_start) / "history.json", state.history)
+            if run is not None:
+                tracking.log_artifact(run, str(paths.training_log(warm_start) / "history.json"))
+                from sentence_transformers import SentenceTransformer
+
+                version = tracking.log_model(run, SentenceTransformer(str(final), device="cpu"),
+                                             registered_name=params.tracking.registered_model)
+            checkpoints.remove(state_dir)
+    distributed.teardown(world)
+    return TrainResult(model_dir, final, state.history, version)
+
+
+def _append_curve(path: Path, points: list[dict]) -> None:
+    """Append per-step points to ``curve.csv`` atomically (rewrite with the new rows)."""
+    header = "step,epoch,loss,utility,grad_norm,entropy\n"
+    old = path.read_text() if path.is_file() else header
+    rows = "".join(f"{p['step']},{p['epoch']},{p['loss']:.8g},{p['utility']:.8g},{p['grad_norm']:.8g},{p['entropy']:.8g}\n"
+                   for p in points)
+    write_text(path, old + rows)

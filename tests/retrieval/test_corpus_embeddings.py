@@ -1,0 +1,149 @@
+"""pgrank.retrieval.dense.corpus_embeddings: the sharded float16 corpus-embedding artifact, its reader and its resume."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import pgrank.retrieval.dense.corpus_embeddings as embeddings
+from pgrank.config import ModelsConfig
+from pgrank.data.beir import document_text
+from pgrank.errors import DataError
+from pgrank.models.hub import load_encoder
+from pgrank.retrieval.dense.corpus_embeddings import (
+    build_corpus_embeddings,
+    open_corpus_embeddings,
+)
+from pgrank.retrieval.dense.encoding import encode_queries
+
+CORPUS = {
+    f"doc{i}": {"title": f"Title {i}" if i % 3 else "", "text": f"Document number {i} talks about topic {i % 5}."}
+    for i in range(45)
+}
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir):
+    return load_encoder(str(tiny_model_dir), ModelsConfig(), device="cpu")
+
+
+def build(folder, model, chunk_size=16, **kw):
+    return build_corpus_embeddings(
+        lambda: model, "tiny", CORPUS, folder, corpus_sha256="ab" * 32, max_seq_length=64,
+        batch_size=8, chunk_size=chunk_size, show_progress=False, **kw,
+    )
+
+
+def test_document_text_follows_beir():
+    from beir.retrieval.models.util import extract_corpus_sentences
+
+    docs = [{"title": "T", "text": "body "}, {"title": "", "text": " body"}, {"text": "no title"}]
+    assert [document_text(d) for d in docs] == extract_corpus_sentences(docs, sep=" ")
+
+
+def test_artifact_layout_and_reader(tmp_path, tiny):
+    emb = build(tmp_path / "emb", tiny)
+    assert emb.doc_ids == list(CORPUS) and emb.dim == 32 and emb.num_shards == 3
+    shards = sorted(p.name for p in (tmp_path / "emb").glob("shard-*.npy"))
+    assert shards == ["shard-00000.npy", "shard-00001.npy", "shard-00002.npy"]
+    assert emb.shard(2).dtype == np.float16 and emb.shard(2).shape == (13, 32)
+    assert isinstance(emb.shard(0), np.memmap)
+    meta = json.loads((tmp_path / "emb" / "meta.json").read_text())
+    assert meta["num_docs"] == 45 and meta["model"] == "tiny" and meta["dtype"] == "float16"
+
+    blocks = list(emb.blocks())
+    assert [start for start, _ in blocks] == [0, 16, 32]
+    assert all(b.dtype == np.float32 for _, b in blocks)
+    full = np.concatenate([b for _, b in blocks])
+    assert [s for s, _ in emb.blocks(rows=10)] == [0, 10, 20, 30, 40]
+    np.testing.assert_array_equal(np.concatenate([b for _, b in emb.blocks(rows=10)]), full)
+    np.testing.assert_array_equal(np.concatenate([b for _, b in emb.blocks(rows=100)]), full)
+    np.testing.assert_array_equal(emb.rows(14, 35), full[14:35])
+    np.testing.assert_array_equal(emb.vectors(np.array([44, 0, 17])), full[[44, 0, 17]])
+
+    # The artifact equals a plain encode of BEIR's document strings, up to float16 rounding.
+    direct = tiny.encode([document_text(d) for d in CORPUS.values()], batch_size=8)
+    np.testing.assert_allclose(full, direct, rtol=2e-3, atol=2e-3)
+
+
+def test_complete_artifact_is_reused_without_loading_the_model(tmp_path, tiny):
+    first = build(tmp_path / "emb", tiny)
+
+    def no_model():
+        raise AssertionError("the model must not be loaded for a complete artifact")
+
+    again = build_corpus_embeddings(no_model, "tiny", CORPUS, tmp_path / "emb", corpus_sha256="ab" * 32,
+                                    max_seq_length=64, batch_size=8, chunk_size=16, show_progress=False)
+    assert again.meta == first.meta
+
+
+def test_resume_after_an_interruption_reuses_finished_shards(tmp_path, tiny, monkeypatch):
+    reference = np.concatenate([b for _, b in build(tmp_path / "ref", tiny).blocks()])
+
+    real = embeddings.encode_documents
+    calls = []
+
+    def interrupted(model, texts, **kw):
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # killed while encoding the third shard
+        calls.append(len(texts))
+        return real(model, texts, **kw)
+
+    monkeypatch.setattr(embeddings, "encode_documents", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        build(tmp_path / "emb", tiny)
+    folder = tmp_path / "emb"
+    assert not (folder / "meta.json").exists()
+    assert sorted(p.name for p in folder.glob("shard-*.npy")) == ["shard-00000.npy", "shard-00001.npy"]
+    assert not [p for p in folder.iterdir() if p.name.startswith(".")]  # no half-written shard left
+    with pytest.raises(DataError, match="not a complete corpus-embedding artifact"):
+        open_corpus_embeddings(folder)
+    stamps = {p.name: p.stat().st_mtime_ns for p in folder.glob("shard-*.npy")}
+
+    calls.clear()
+    monkeypatch.setattr(embeddings, "encode_documents", lambda model, texts, **kw: calls.append(len(texts)) or real(model, texts, **kw))
+    emb = build(folder, tiny)
+    assert calls == [13]  # only the missing last shard was encoded
+    assert {p: (folder / p).stat().st_mtime_ns for p in stamps} == stamps
+    np.testing.assert_array_equal(np.concatenate([b for _, b in emb.blocks()]), reference)
+
+
+def test_a_partial_artifact_from_another_plan_starts_over(tmp_path, tiny, monkeypatch):
+    real = embeddings.encode_documents
+    calls = []
+
+    def interrupted(model, texts, **kw):
+        if calls:
+            raise KeyboardInterrupt
+        calls.append(len(texts))
+        return real(model, texts, **kw)
+
+    monkeypatch.setattr(embeddings, "encode_documents", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        build(tmp_path / "emb", tiny, chunk_size=16)
+    monkeypatch.setattr(embeddings, "encode_documents", real)
+    emb = build(tmp_path / "emb", tiny, chunk_size=20)  # a different shard size: old shards are void
+    assert emb.num_shards == 3 and emb.shard(0).shape == (20, 32)
+    assert sorted(p.name for p in (tmp_path / "emb").glob("shard-*.npy"))[-1] == "shard-00002.npy"
+
+
+def test_empty_corpus_is_an_error(tmp_path, tiny):
+    with pytest.raises(DataError, match="empty corpus"):
+        build_corpus_embeddings(lambda: tiny, "tiny", {}, tmp_path / "e", corpus_sha256="0" * 64,
+                                max_seq_length=64, batch_size=8, chunk_size=16)
+
+
+def test_encode_queries_keeps_the_mapping_order(tiny):
+    qids, vecs = encode_queries(tiny, {"q2": "fever", "q1": "topic 3"}, batch_size=4)
+    assert qids == ["q2", "q1"] and vecs.shape == (2, 32) and vecs.dtype == np.float32
+    np.testing.assert_allclose(vecs[1], tiny.encode(["topic 3"])[0], rtol=1e-5, atol=1e-6)
+
+
+def test_multi_process_pool_path(tmp_path, tiny, monkeypatch):
+    """With several devices the shards go through sentence-transformers' multi-process pool."""
+    reference = np.concatenate([b for _, b in build(tmp_path / "ref", tiny).blocks()])
+    monkeypatch.setattr(embeddings, "encoding_devices", lambda: ["cpu", "cpu"])
+    emb = build(tmp_path / "pool", tiny)
+    np.testing.assert_allclose(np.concatenate([b for _, b in emb.blocks()]), reference, atol=2e-3)

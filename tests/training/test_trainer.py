@@ -1,0 +1,281 @@
+"""The training stage on a toy BEIR project with a tiny in-code BERT (real scifact run: -m integration)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from toy_project import make_project
+
+from pgrank.core.estimators import policy_gradient
+from pgrank.models.hub import load_encoder, read_checkpoint_meta
+from pgrank.training import checkpoints
+from pgrank.training.batches import make_batch, query_generators
+from pgrank.training.grad_cache import encode, encode_cached
+from pgrank.training.trainer import TrainingError, accumulate_gradients, train
+
+
+def _tiny(path, eval_mode=True):
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(path), device="cpu")
+    return model.eval() if eval_mode else model.train()
+
+
+def _toy_batch(params, paths, split="train-pg", size=4):
+    from pgrank.data.beir import load_corpus, load_topics
+    from pgrank.data.runs import read_run
+    from pgrank.training.batches import build_examples
+
+    queries, qrels = load_topics(paths, "toy", split)
+    examples = build_examples(queries, qrels, read_run(paths.candidates("toy", split)))[:size]
+    return examples, load_corpus(paths.dataset("toy"), progress=False)
+
+
+def _grads(model):
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def test_cached_gradient_chunking_equals_full_backprop(tmp_path, tiny_model_dir):
+    params, paths = make_project(tmp_path, tiny_model_dir, overrides={"train.tower": "both", "train.grad_chunk_size": 3})
+    examples, corpus = _toy_batch(params, paths)
+    batch = make_batch(examples)
+    cached = _tiny(tiny_model_dir)
+    accumulate_gradients(cached, batch, params, epoch=1, frozen=None, corpus=corpus)
+
+    plain = _tiny(tiny_model_dir)
+    from pgrank.data.beir import document_text
+    from pgrank.training.trainer import _scores
+
+    cfg = params.train
+    q = encode(plain, [e.query for e in examples], task="query", max_length=cfg.max_query_length)
+    d = encode(plain, [document_text(corpus[x]) for x in batch.unique_ids], task="document", max_length=cfg.max_doc_length)
+    pg = cfg.pg
+    policy_gradient(
+        _scores(q, d, batch.index, cfg.similarity), batch.relevance, batch.mask, num_samples=pg.num_samples,
+        utility=pg.utility, estimator=pg.estimator, baseline=pg.baseline, temperature=pg.temperature,
+        entropy_coef=pg.entropy_coef, entropy=pg.entropy, generator=query_generators(cfg.seed, 1, [e.qid for e in examples], "cpu"),
+    ).loss.backward()
+    a, b = _grads(cached), _grads(plain)
+    assert a.keys() == b.keys() and len(a) > 10
+    for name in a:
+        assert torch.allclose(a[name], b[name], atol=1e-6, rtol=1e-4), name
+    assert any(g.abs().sum() > 0 for g in a.values())
+
+
+def test_rng_replay_reproduces_dropout_masks(tiny_model_dir):
+    model = _tiny(tiny_model_dir, eval_mode=False)  # dropout active
+    texts = [f"document number {i} about rivers and deltas" for i in range(9)]
+    emb, states = encode_cached(model, texts, chunk_size=4, task="document", max_length=32)
+    again = []
+    for i, state in enumerate(states):
+        with state.replay(torch.device("cpu")):
+            again.append(encode(model, texts[i * 4 : i * 4 + 4], task="document", max_length=32))
+    assert torch.equal(emb.detach(), torch.cat(again).detach())
+    fresh = encode(model, texts[:4], task="document", max_length=32)  # without replay: other masks
+    assert not torch.allclose(fresh.detach(), emb[:4].detach())
+
+
+def _weights(folder: Path) -> dict:
+    files = sorted(folder.rglob("model.safetensors"))
+    return {f"{f.relative_to(folder)}:{k}": v for f in files for k, v in load_file(f).items()}
+
+
+def test_resume_after_kill_reaches_the_same_weights(tmp_path, tiny_model_dir, monkeypatch):
+    overrides = {"train.tower": "both", "train.epochs": 2, "train.keep_epochs": [1, 2]}
+    params, paths = make_project(tmp_path / "a", tiny_model_dir, overrides=overrides)
+    full = train(params, paths, str(tiny_model_dir), device="cpu", progress=False)
+    assert not paths.train_state(str(tiny_model_dir)).exists()  # removed once training completes
+
+    params_b, paths_b = make_project(tmp_path / "b", tiny_model_dir, overrides=overrides)
+    real_save = checkpoints.save_model
+
+    def killed_at_epoch_2(model, path, meta, **kw):
+        if meta["epoch"] == 2:
+            raise KeyboardInterrupt("simulated kill")
+        return real_save(model, path, meta, **kw)
+
+    monkeypatch.setattr(checkpoints, "save_model", killed_at_epoch_2)
+    with pytest.raises(KeyboardInterrupt):
+        train(params_b, paths_b, str(tiny_model_dir), device="cpu", progress=False)
+    state_dir = paths_b.train_state(str(tiny_model_dir))
+    assert checkpoints.load_state(state_dir).epoch == 1
+    assert not paths_b.checkpoint(str(tiny_model_dir), 2).exists()
+    monkeypatch.setattr(checkpoints, "save_model", real_save)
+    resumed = train(params_b, paths_b, str(tiny_model_dir), device="cpu", progress=False)
+
+    wa, wb = _weights(full.final), _weights(resumed.final)
+    assert wa.keys() == wb.keys()
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert [round(h["val_ndcg@10"], 12) for h in full.history] == [round(h["val_ndcg@10"], 12) for h in resumed.history]
+    assert (paths.training_log(str(tiny_model_dir)) / "curve.csv").read_text() == (paths_b.training_log(str(tiny_model_dir)) / "curve.csv").read_text()
+
+
+def test_nan_guard_stops_and_keeps_the_last_good_checkpoint(tmp_path, tiny_model_dir, monkeypatch):
+    params, paths = make_project(tmp_path, tiny_model_dir, overrides={"train.epochs": 2, "train.keep_epochs": [0, 1, 2]})
+    import pgrank.training.trainer as training
+
+    real = training.policy_gradient
+    calls = {"n": 0}
+
+    def poisoned(*args, **kwargs):
+        out = real(*args, **kwargs)
+        calls["n"] += 1
+        return out._replace(loss=out.loss * float("nan")) if calls["n"] > 3 else out  # epoch 2 goes bad
+
+    monkeypatch.setattr(training, "policy_gradient", poisoned)
+    name = str(tiny_model_dir)
+    with pytest.raises(TrainingError, match="loss is nan"):
+        train(params, paths, name, device="cpu", progress=False)
+    assert paths.checkpoint(name, 1).is_dir() and not paths.checkpoint(name, 2).exists()
+    for tensor in _weights(paths.checkpoint(name, 1)).values():
+        assert torch.isfinite(tensor).all()
+    assert checkpoints.load_state(paths.train_state(name)).epoch == 1
+
+
+def _sha(folder: Path) -> str:
+    h = hashlib.sha256()
+    for f in sorted(folder.iterdir()):
+        h.update(f.name.encode() + f.read_bytes())
+    return h.hexdigest()
+
+
+def test_query_tower_never_changes_document_embeddings(tmp_path, tiny_model_dir):
+    params, paths = make_project(tmp_path, tiny_model_dir, overrides={"train.tower": "query", "train.learning_rate": 5e-3})
+    name = str(tiny_model_dir)
+    result = train(params, paths, name, device="cpu", progress=False)
+    (artifact,) = [p for p in paths.embeddings.iterdir() if p.is_dir()]
+    before = _sha(artifact)
+
+    from sentence_transformers import SentenceTransformer
+
+    pair = SentenceTransformer(str(result.final), device="cpu")
+    warm = _tiny(tiny_model_dir)
+    texts = ["Solar Wind solar wind the data", "coral reef small analysis"]
+    assert torch.allclose(torch.as_tensor(pair.encode_document(texts)), torch.as_tensor(warm.encode(texts)), atol=1e-6)
+    assert not torch.allclose(torch.as_tensor(pair.encode_query(texts)), torch.as_tensor(warm.encode(texts)), atol=1e-4)
+    assert read_checkpoint_meta(result.final)["document_encoder"] == read_checkpoint_meta(result.final)["warm_start_model"]
+    train(params, paths, name, device="cpu", progress=False)  # a second run reuses the artifact untouched
+    assert _sha(artifact) == before
+
+
+def _ddp_worker(rank, world, port, model_dir, project_dir, tower, out):
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    from pgrank.training import distributed
+
+    w, dev = distributed.setup("cpu")
+    params, paths = make_project(Path(project_dir) / f"rank{rank}", Path(model_dir), overrides={"train.tower": tower})
+    examples, corpus = _toy_batch(params, paths)
+    model = _tiny(model_dir)
+    distributed.freeze_unused(model, lambda m: encode(m, ["probe"], task="query", max_length=8).sum())
+    wrapped = distributed.wrap(model, w, dev)
+    frozen = None
+    if tower == "query":
+        from pgrank.models.hub import resolve_model
+        from pgrank.training.trainer import _frozen_documents
+
+        frozen = _frozen_documents(params, paths, resolve_model(str(model_dir), params.models), "toy",
+                                   lambda: corpus)
+    local = distributed.shard(examples, w)
+    accumulate_gradients(model, make_batch(local), params, epoch=1, frozen=frozen, corpus=corpus,
+                         forward=wrapped, no_sync=distributed.no_sync(wrapped))
+    if rank == 0:
+        torch.save(_grads(model), out)
+    distributed.teardown(w)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("tower", ["both", "query"])
+def test_ddp_average_gradient_equals_single_process(tmp_path, tiny_model_dir, tower):
+    import torch.multiprocessing as mp
+
+    out = tmp_path / "ddp.pt"
+    mp.spawn(_ddp_worker, args=(2, _free_port(), str(tiny_model_dir), str(tmp_path), tower, str(out)), nprocs=2, join=True)
+    params, paths = make_project(tmp_path / "single", tiny_model_dir, overrides={"train.tower": tower})
+    examples, corpus = _toy_batch(params, paths)
+    model = _tiny(tiny_model_dir)
+    frozen = None
+    if tower == "query":
+        from pgrank.models.hub import resolve_model
+        from pgrank.training.trainer import _frozen_documents
+
+        frozen = _frozen_documents(params, paths, resolve_model(str(tiny_model_dir), params.models), "toy", lambda: corpus)
+    accumulate_gradients(model, make_batch(examples), params, epoch=1, frozen=frozen, corpus=corpus)
+    single, ddp = _grads(model), torch.load(out)
+    assert single.keys() == ddp.keys() and len(single) > 10
+    for name in single:
+        # Equal up to float32 noise: one batch pads tokens and candidates differently than two
+        # half batches. A missing all-reduce (rank 0's own gradient) is off by O(1).
+        scale = single[name].abs().max().item()
+        assert (single[name] - ddp[name]).abs().max().item() <= 1e-3 * scale + 1e-8, name
+
+
+def test_mlflow_receives_the_run(tmp_path, tiny_model_dir, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    params, paths = make_project(tmp_path, tiny_model_dir, overrides={"tracking.enabled": True, "train.epochs": 1,
+                                                                       "train.keep_epochs": [1]})
+    result = train(params, paths, str(tiny_model_dir), device="cpu", progress=False)
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=paths.mlflow_uri())
+    exp = client.get_experiment_by_name(params.tracking.experiment)
+    (run,) = client.search_runs([exp.experiment_id])
+    assert run.data.params["train.pg.utility"] == "ndcg@10" and run.data.tags["stage"] == "train"
+    steps = client.get_metric_history(run.info.run_id, "loss")
+    curve = (paths.training_log(str(tiny_model_dir)) / "curve.csv").read_text().splitlines()[1:]
+    assert [m.step for m in steps] == list(range(1, len(curve) + 1))
+    assert [round(m.value, 6) for m in steps] == [round(float(row.split(",")[2]), 6) for row in curve]
+    assert {"utility", "grad_norm", "entropy", "val_ndcg_at_10", "train_utility"} <= set(run.data.metrics)
+    assert result.registered_version == "1"
+    version = client.get_model_version(params.tracking.registered_model, "1")
+    assert version.run_id == run.info.run_id
+
+
+@pytest.mark.integration
+def test_short_real_run_on_a_scifact_slice_raises_training_utility(tmp_path, beir_mirror, minilm_path):
+    """Real all-MiniLM-L6-v2 on a scifact slice (60 train queries, 20 BM25 candidates each), query tower."""
+    import yaml
+    from shrunk import sliced_scifact_mirror
+
+    from pgrank.config import parse_params
+    from pgrank.data.download import download
+    from pgrank.mining.candidate_sets import mine
+    from pgrank.models.hub import resolve_model
+    from pgrank.paths import Paths
+    from pgrank.training.trainer import _frozen_documents, _load_split, validate
+
+    mirror = sliced_scifact_mirror(beir_mirror / "scifact.zip", tmp_path / "mirror", train=60, test=5, extra=100)
+    root = Path(__file__).resolve().parents[2]
+    doc = yaml.safe_load((root / "params.yaml").read_text())
+    doc["paths"] = {"root": str(tmp_path / "runs"), "data": str(tmp_path / "data"), "embeddings": str(tmp_path / "emb")}
+    doc["data"].update({"train": "scifact/train", "validation_size": 10, "eval_sets": ["scifact/test"]})
+    doc["tracking"]["enabled"] = False
+    doc["mine"].update({"source": "bm25", "candidates": 20, "batch_size": 32, "max_seq_length": 128})
+    doc["evaluate"].update({"systems": {"dense": ["minilm"]}, "policy_epochs": []})
+    doc["train"].update({"warm_starts": ["minilm"], "tower": "query", "epochs": 2, "keep_epochs": [0, 2],
+                         "batch_size": 10, "learning_rate": 1e-4, "max_doc_length": 128})
+    doc["train"]["pg"].update({"num_samples": 50})
+    params = parse_params(doc)
+    paths = Paths.from_config(params.paths)
+    download(params, paths, ["scifact"], str(mirror), progress=False)
+    for split in ("train-pg", "validation"):
+        mine(params, paths, "scifact", split, progress=False)
+    result = train(params, paths, "minilm", device="cpu", progress=False)
+
+    examples, qrels = _load_split(paths, "scifact", "train-pg", params)
+    frozen = _frozen_documents(params, paths, resolve_model("minilm", params.models), "scifact", lambda: None)
+    before = validate(load_encoder("minilm", params.models, device="cpu"), examples, qrels, params, frozen=frozen)
+    from sentence_transformers import SentenceTransformer
+
+    after = validate(SentenceTransformer(str(result.final), device="cpu"), examples, qrels, params, frozen=frozen)
+    assert after["ndcg@10"] > before["ndcg@10"] + 0.02, (before, after)
