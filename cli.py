@@ -56,6 +56,18 @@ class _Context:
         return Paths.from_config(params.paths, base=self.params_file.resolve().parent)
 
 
+def _log_to_stderr() -> None:
+    """pgrank's own INFO messages (a stage's wall time and peak memory, what it wrote) on stderr."""
+    import logging
+
+    logger = logging.getLogger("pgrank")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("pgrank: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+
+
 @app.callback()
 def _main(
     ctx: typer.Context,
@@ -70,6 +82,7 @@ def _main(
         typer.Option("--set", "-s", help="Override a key, e.g. --set train.epochs=2 (repeatable)."),
     ] = None,
 ) -> None:
+    _log_to_stderr()
     # Every relative path a user gives means what it meant where they typed it, also for the stage
     # processes that DVC later starts inside a profile workspace.
     from pgrank.data.download import absolute_mirror_env

@@ -45,7 +45,7 @@ from prefect.futures import wait
 from prefect.tasks import exponential_backoff
 
 from pgrank.errors import PgrankError
-from pgrank.pipeline.workspace import pipeline_run, prepare, run_dvc
+from pgrank.pipeline.workspace import pipeline_run, prepare, run_dvc, stage_environment
 from pgrank.tracking import PARENT_ENV
 
 # Per-stage task options: the download stage talks to the network, so it retries (10 s, 20 s, 40 s).
@@ -126,7 +126,7 @@ def dvc_stage(workspace: str, stage: str, parent_run_id: str | None = None) -> s
     exe = shutil.which("dvc")
     if exe is None:
         raise PgrankError("dvc is not installed; pip install dvc")
-    env = {**os.environ, **STAGE_ENV}
+    env = stage_environment(STAGE_ENV)
     if parent_run_id:
         env[PARENT_ENV] = parent_run_id
     log = _logger()

@@ -2,17 +2,24 @@
 
 * Store: ``MLFLOW_TRACKING_URI`` if set, else ``tracking.uri``, else an sqlite file under
   ``paths.root`` at an absolute URI (MLflow's own default depends on the working directory).
-* Runs: each stage opens :func:`stage_run`. When ``PGRANK_MLFLOW_PARENT_RUN_ID`` is set (the pipeline
-  driver sets it), the stage run is nested under that parent run, so one pipeline execution is one
-  parent run with nested runs per stage and dataset.
+* Runs: each stage process opens one :func:`stage_run` (``resources=True``). When
+  ``PGRANK_MLFLOW_PARENT_RUN_ID`` is set (the pipeline driver sets it), it is nested under that parent
+  run, so one pipeline execution is one parent run with one nested run per stage process; a run opened
+  while another is active in the process (evaluation's per-split results) nests under that one.
+* Resources: every stage process records its wall time and peak resident memory
+  (:func:`process_resources`) as metrics of its stage run (``wall_seconds``, ``peak_rss_mib``,
+  ``peak_rss_children_mib``) and in a log line, also with tracking off.
 * Metric names: MLflow rejects ``@``; :func:`metric_name` writes ``ndcg@10`` as ``ndcg_at_10``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
+import resource
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -20,6 +27,19 @@ from pgrank.config import Params
 from pgrank.paths import Paths
 
 PARENT_ENV = "PGRANK_MLFLOW_PARENT_RUN_ID"
+
+log = logging.getLogger(__name__)
+
+
+def process_resources() -> dict[str, float]:
+    """This process's wall time so far and peak resident memory (its own and its children's), in MiB."""
+    import psutil
+
+    return {
+        "wall_seconds": time.time() - psutil.Process().create_time(),
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # Linux: KiB
+        "peak_rss_children_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
+    }
 
 
 def tracking_uri(params: Params, paths: Paths) -> str:
@@ -61,27 +81,41 @@ def stage_run(
     tags: Mapping[str, str] | None = None,
     enabled: bool = True,
     nested: bool = True,
+    resources: bool = False,
 ) -> Iterator[Any]:
     """Open the MLflow run of one stage (nested under the pipeline's parent run when there is one).
 
     Yields the active ``mlflow.ActiveRun``, or ``None`` when ``enabled`` is false (e.g. on
     non-zero DDP ranks), in which case every logging helper here is a no-op. ``nested=False`` opens a
-    top-level run (the pipeline's parent run).
+    top-level run (the pipeline's parent run). ``resources=True`` (the run of a whole stage process)
+    logs :func:`process_resources` when the run ends, and the same figures as a log line.
     """
-    if not enabled:
-        yield None
-        return
-    import mlflow
+    try:
+        if not enabled:
+            yield None
+            return
+        import mlflow
 
-    configure(params, paths)
-    parent = os.environ.get(PARENT_ENV) if nested else None
-    with mlflow.start_run(run_name=name, nested=bool(parent), parent_run_id=parent or None, tags=dict(tags or {})) as run:
-        if log_params:
-            items = flatten(dict(log_params))
-            keys = list(items)
-            for i in range(0, len(keys), 100):  # MLflow caps a batch at 100 params
-                mlflow.log_params({k: items[k] for k in keys[i : i + 100]})
-        yield run
+        configure(params, paths)
+        active = mlflow.active_run()
+        parent = (active.info.run_id if active else os.environ.get(PARENT_ENV)) if nested else None
+        with mlflow.start_run(run_name=name, nested=bool(parent), parent_run_id=parent or None,
+                              tags=dict(tags or {})) as run:
+            if log_params:
+                items = flatten(dict(log_params))
+                keys = list(items)
+                for i in range(0, len(keys), 100):  # MLflow caps a batch at 100 params
+                    mlflow.log_params({k: items[k] for k in keys[i : i + 100]})
+            try:
+                yield run
+            finally:
+                if resources:
+                    log_metrics(run, process_resources())
+    finally:
+        if resources:
+            used = process_resources()
+            log.info("%s: wall %.1f s, peak RSS %.0f MiB (children %.0f MiB)", name, used["wall_seconds"],
+                     used["peak_rss_mib"], used["peak_rss_children_mib"])
 
 
 def log_metrics(run: Any, metrics: Mapping[str, float], step: int | None = None) -> None:

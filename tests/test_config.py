@@ -30,9 +30,12 @@ def test_committed_params_carry_the_paper_hyperparameters():
 
 
 def test_params_are_frozen():
+    from pydantic import ValidationError
+
     p = load_params(PARAMS)
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError, match="frozen"):
         p.train.epochs = 3  # type: ignore[misc]
+    assert load_params(PARAMS).train.epochs == 6
 
 
 def test_yaml_booleans_for_amp():

@@ -41,6 +41,7 @@ from typing import Literal
 
 from tqdm.auto import tqdm
 
+from pgrank import tracking
 from pgrank.atomic import atomic_path
 from pgrank.config import Params
 from pgrank.data.archive import beir_folders, extract
@@ -383,10 +384,12 @@ def download(
         Each dataset's manifest (:mod:`pgrank.data.manifests`) is written, the DVC-tracked output.
     """
     names = list(dict.fromkeys(datasets)) if datasets else default_datasets(params)
-    source = resolve_source(mirror, params.data.mirror, config_dir=config_dir)
-    sums = read_sha256sums(source)
-    fetched = [fetch_dataset(name, paths.dataset(name), source, sums, progress=progress) for name in names]
-    for name in names:
-        write_manifest(paths, name)
-    carve = write_carve_out(paths, params.data) if params.data.train.split("/")[0] in names else None
+    with tracking.stage_run(params, paths, "download", tags={"stage": "download"}, log_params={"datasets": names},
+                            enabled=params.tracking.enabled, resources=True):
+        source = resolve_source(mirror, params.data.mirror, config_dir=config_dir)
+        sums = read_sha256sums(source)
+        fetched = [fetch_dataset(name, paths.dataset(name), source, sums, progress=progress) for name in names]
+        for name in names:
+            write_manifest(paths, name)
+        carve = write_carve_out(paths, params.data) if params.data.train.split("/")[0] in names else None
     return DownloadReport(fetched, carve)

@@ -115,7 +115,7 @@ def evaluate(params: Params, paths: Paths, system: str, eval_set: str, stages: S
         write_run(folder / "run.trec", ((q, ranked(run[q])) for q in sorted(run)), system)
         write_json(folder / "metrics.json", record)
         with tracking.stage_run(params, paths, f"evaluate/{system}/{eval_set}/{stage}",
-                                tags={"stage": "evaluate", "system": system, "eval_set": eval_set, "eval_stage": stage},
+                                tags={"stage": "evaluate-result", "system": system, "eval_set": eval_set, "eval_stage": stage},
                                 log_params={"system": system, "eval_set": eval_set, "stage": stage},
                                 enabled=params.tracking.enabled) as mlflow_run:
             tracking.log_metrics(mlflow_run, means)
@@ -133,6 +133,14 @@ def evaluate_dataset(params: Params, paths: Paths, system: str, dataset: str) ->
     splits = params.data.eval_sets_by_dataset().get(dataset)
     if not splits:
         raise PgrankError(f"dataset {dataset!r} is not in data.eval_sets ({', '.join(params.data.eval_sets_by_dataset())})")
+    with tracking.stage_run(params, paths, f"evaluate/{system}/{dataset}", tags={"stage": "evaluate", "system": system,
+                            "dataset": dataset}, enabled=params.tracking.enabled, resources=True):
+        results, summary = _evaluate_dataset(params, paths, system, dataset, splits)
+    write_json(paths.metrics_summary(system, dataset), summary)
+    return results
+
+
+def _evaluate_dataset(params: Params, paths: Paths, system: str, dataset: str, splits: list[str]):
     results, summary = [], {}
     retriever = open_system(params, paths, system, dataset)  # shared by the splits
     for split in splits:
@@ -151,5 +159,4 @@ def evaluate_dataset(params: Params, paths: Paths, system: str, dataset: str) ->
                                   retriever=epoch_retriever):
                     summary.setdefault(f"epoch-{epoch}", {}).setdefault(split, {})["rerank"] = r.metrics
                     results.append(r)
-    write_json(paths.metrics_summary(system, dataset), summary)
-    return results
+    return results, summary

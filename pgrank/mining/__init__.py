@@ -1,0 +1,2 @@
+"""The ``mine`` stage: stage-1 candidate sets, every judged-relevant document plus the retriever's best others.
+"""

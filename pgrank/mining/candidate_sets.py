@@ -40,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pgrank import tracking
 from pgrank.config import Params
 from pgrank.data.beir import Qrels, load_topics
 from pgrank.data.runs import ranked, write_run
@@ -253,26 +254,34 @@ def mine_splits(
     """
     cfg = params.mine
     results: dict[tuple[str, str], MineResult] = {}
-    for dataset in dict.fromkeys(d for d, _ in targets):
-        splits = [s for d, s in targets if d == dataset]
-        if cfg.source == "published":
-            for split in splits:
-                results[dataset, split] = _mine_published(params, paths, dataset, split)
-            continue
-        topics = {split: load_topics(paths, dataset, split) for split in splits}  # fail fast on a bad split
-        retriever = importlib.import_module(SOURCES[cfg.source]).for_mining(params, paths, dataset, progress=progress)
-        in_corpus = set(retriever.doc_ids).__contains__
-        for split, (queries, qrels) in topics.items():
-            started = time.perf_counter()
-            size = min(cfg.candidates, len(retriever.doc_ids))
-            relevant = _relevant(qrels, in_corpus)
-            judged = sum(1 for docs in qrels.values() for r in docs.values() if r > 0)
-            tally = _Tally()
-            path = paths.candidates(dataset, split)
-            write_run(path, _stream_sets(retriever, queries, relevant, size, tally, progress), f"pgrank-{cfg.source}")
-            missing = judged - tally.relevant
-            results[dataset, split] = tally.result(dataset, split, cfg.source, path, missing, True, started)
-            log.info("%s/%s: %d queries -> %s", dataset, split, tally.queries, path)
+    name = "mine/" + ",".join("/".join(t) for t in targets)
+    with tracking.stage_run(params, paths, name, tags={"stage": "mine", "source": cfg.source},
+                            log_params={"mine": cfg.model_dump(mode="json"), "targets": ["/".join(t) for t in targets]},
+                            enabled=params.tracking.enabled, resources=True) as run:
+        for dataset in dict.fromkeys(d for d, _ in targets):
+            splits = [s for d, s in targets if d == dataset]
+            if cfg.source == "published":
+                for split in splits:
+                    results[dataset, split] = _mine_published(params, paths, dataset, split)
+                continue
+            topics = {split: load_topics(paths, dataset, split) for split in splits}  # fail fast on a bad split
+            retriever = importlib.import_module(SOURCES[cfg.source]).for_mining(params, paths, dataset, progress=progress)
+            in_corpus = set(retriever.doc_ids).__contains__
+            for split, (queries, qrels) in topics.items():
+                started = time.perf_counter()
+                size = min(cfg.candidates, len(retriever.doc_ids))
+                relevant = _relevant(qrels, in_corpus)
+                judged = sum(1 for docs in qrels.values() for r in docs.values() if r > 0)
+                tally = _Tally()
+                path = paths.candidates(dataset, split)
+                write_run(path, _stream_sets(retriever, queries, relevant, size, tally, progress), f"pgrank-{cfg.source}")
+                missing = judged - tally.relevant
+                results[dataset, split] = tally.result(dataset, split, cfg.source, path, missing, True, started)
+                log.info("%s/%s: %d queries -> %s", dataset, split, tally.queries, path)
+        for (dataset, split), r in results.items():
+            tracking.log_metrics(run, {f"{dataset}/{split}/queries": r.queries, f"{dataset}/{split}/seconds": r.seconds,
+                                       **({f"{dataset}/{split}/stage1_recall": r.stage1_recall}
+                                          if r.stage1_recall is not None else {})})
     return [results[t] for t in targets]
 
 

@@ -1,0 +1,2 @@
+"""Running the pipeline: profile workspaces for ``dvc repro`` and the champion model of scheduled retraining.
+"""

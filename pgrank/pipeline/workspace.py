@@ -119,12 +119,22 @@ def prepare(params_file: str | Path, profile: str | None = None, overrides: list
     return ws
 
 
+# Read by the CLI, so never passed to stage commands: a workspace's params.yaml is composed already.
+PROFILE_ENV = "PGRANK_PROFILE"
+
+
+def stage_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of DVC and the stage commands it runs: this one, less ``$PGRANK_PROFILE``."""
+    env = {k: v for k, v in os.environ.items() if k != PROFILE_ENV}
+    return {**env, **(extra or {})}
+
+
 def run_dvc(args: list[str], cwd: Path, *, capture: bool = False) -> subprocess.CompletedProcess:
     """Run ``dvc ARGS`` in ``cwd``; a failure raises :class:`PgrankError` with DVC's message."""
     exe = shutil.which("dvc")
     if exe is None:
         raise PgrankError("dvc is not installed; pip install dvc")
-    proc = subprocess.run([exe, *args], cwd=cwd, text=True, capture_output=capture)
+    proc = subprocess.run([exe, *args], cwd=cwd, text=True, capture_output=capture, env=stage_environment())
     if proc.returncode != 0:
         detail = (proc.stderr or proc.stdout or "").strip().splitlines()[-5:] if capture else []
         raise PgrankError(f"`dvc {' '.join(args)}` failed in {cwd} (exit {proc.returncode})"

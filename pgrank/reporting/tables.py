@@ -364,7 +364,8 @@ def make_tables(params: Params, paths: Paths) -> list[Path]:
         for name, (draw, kwargs) in figures.items():
             plots.write_png(draw(**kwargs), tmp / name)
     written = [paths.tables / name for name in sorted([*texts, *figures])]
-    with tracking.stage_run(params, paths, "tables", tags={"stage": "tables"}, enabled=params.tracking.enabled) as run:
+    with tracking.stage_run(params, paths, "tables", tags={"stage": "tables"}, enabled=params.tracking.enabled,
+                            resources=True) as run:
         for path in written:  # the tables and plots as artifacts of the pipeline's MLflow run
             tracking.log_artifact(run, str(path), "tables")
     return written

@@ -286,7 +286,7 @@ def train(params: Params, paths: Paths, warm_start: str, *, device: str | None =
     run_params = {"train": params.train.model_dump(mode="json"), "data.train": params.data.train, "warm_start": ref.key}
     with tracking.stage_run(params, paths, f"train-{warm_start}", log_params=run_params,
                             tags={"stage": "train", "warm_start": warm_start},
-                            enabled=world.is_main and params.tracking.enabled) as run:
+                            enabled=world.is_main and params.tracking.enabled, resources=True) as run:
         if state.epoch == 0 and not state.history:
             metrics = validate(model, val_examples, val_qrels, params, frozen=frozen, corpus=corpus) if world.is_main else {}
             state.history.append({"epoch": 0, **{f"val_{k}": v for k, v in metrics.items()}})

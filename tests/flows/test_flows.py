@@ -127,20 +127,6 @@ def test_only_the_download_stage_retries_with_exponential_backoff():
     assert stage_task("train@w").retries == 0
 
 
-def test_task_runners_are_chosen_by_name():
-    from prefect.task_runners import ThreadPoolTaskRunner
-
-    assert isinstance(make_task_runner("threads", 2), ThreadPoolTaskRunner)
-    with pytest.raises(PgrankError, match="expected one of threads, dask, ray"):
-        make_task_runner("processes")
-    for name in ("dask", "ray"):
-        try:
-            __import__(f"prefect_{name}")
-        except ImportError:
-            with pytest.raises(PgrankError, match=rf"pip install 'pgrank\[{name}\]'"):
-                make_task_runner(name)
-
-
 def _pgrank(*args: str, env: dict | None = None, **kwargs) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, str(ROOT / "cli.py"), *args], cwd=ROOT, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)

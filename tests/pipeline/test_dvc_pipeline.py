@@ -1,7 +1,15 @@
-"""The DVC pipeline end to end: the demo profile (shrunk) through `pgrank demo`, and the paper DAG."""
+"""The DVC pipeline end to end: the README's demo line, verbatim, on the shrunk demo; and the paper DAG.
+
+The module's fixture does what a new user does: a fresh clone with ``../shared/data/beir`` beside it
+(here a sliced mirror of scifact and nfcorpus), a fresh virtualenv, and the README's demo line run
+verbatim in the clone (read from the README as ``.ci/run`` reads the test line). ``PGRANK_PROFILE=smoke``
+selects the shrunk demo (tests/shrunk.py writes ``profiles/smoke.yaml``: the demo profile with the tiny
+in-code BERT and one epoch). pip runs offline (``PIP_NO_INDEX``): everything is installed already.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -9,13 +17,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from shrunk import project_copy, shrunk_overrides, sliced_scifact_mirror
+from dependency_closure import stage_files
+from shrunk import project_copy, sliced_mirror, write_smoke_profile
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _pgrank(args: list[str], cwd: Path, env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(cwd / "cli.py"), *args], cwd=cwd, env=env, capture_output=True, text=True)
+def readme_line(tag: str) -> str:
+    """The README line ending in ``# <tag>``, as .ci/run reads it."""
+    return next(line.strip() for line in (ROOT / "README.md").read_text().splitlines() if line.rstrip().endswith(f"# {tag}"))
 
 
 def _dvc(args: list[str], cwd: Path) -> str:
@@ -24,28 +34,44 @@ def _dvc(args: list[str], cwd: Path) -> str:
     return out.stdout
 
 
-def _would_run(ws: Path) -> set[str]:
-    return set(re.findall(r"Running stage '([^']+)'", _dvc(["repro", "--dry"], ws)))
+def _ran(output: str) -> set[str]:
+    return set(re.findall(r"Running stage '([^']+)'", output))
 
 
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory, beir_mirror, tiny_model_dir):
-    """A git checkout of the working tree, a sliced scifact mirror, and one shrunk `pgrank demo` run."""
-    tmp = tmp_path_factory.mktemp("pipeline")
-    project = project_copy(tmp / "project")
-    mirror = sliced_scifact_mirror(beir_mirror / "scifact.zip", tmp / "mirror")
-    env = {**os.environ, "PGRANK_BEIR_MIRROR": str(mirror), "HF_HUB_OFFLINE": "1"}
-    env.pop("MLFLOW_TRACKING_URI", None)
-    env.pop("PGRANK_PROFILE", None)
-    sets = [a for o in shrunk_overrides(tiny_model_dir) for a in ("--set", o)]
-    out = _pgrank(["--profile", "demo", *sets, "demo"], project, env)
+    """A fresh clone, ../shared/data/beir beside it, a fresh venv, and the README's demo line run in the clone."""
+    tmp = tmp_path_factory.mktemp("readme")
+    source = project_copy(tmp / "source")
+    clone = tmp / "pgrank"
+    subprocess.run(["git", "clone", "-q", str(source), str(clone)], check=True)
+    sliced_mirror(beir_mirror, tmp / "shared" / "data" / "beir")
+    write_smoke_profile(clone, tiny_model_dir)
+    venv = tmp / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    # the venv's own old setuptools would shadow the installed one that builds the editable wheel
+    subprocess.run([str(venv / "bin" / "pip"), "uninstall", "-y", "-q", "setuptools"], check=True, capture_output=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "PGRANK_BEIR_MIRROR", "VIRTUAL_ENV")}
+    env.update(PATH=f"{venv / 'bin'}{os.pathsep}{env['PATH']}", PGRANK_PROFILE="smoke", HF_HUB_OFFLINE="1",
+               PIP_NO_INDEX="1", PIP_NO_BUILD_ISOLATION="0", PIP_DISABLE_PIP_VERSION_CHECK="1")
+    line = readme_line("demo")
+    out = subprocess.run(["bash", "-c", f"set -eo pipefail; {line}"], cwd=clone, env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-3000:]
-    return project, project / "runs" / "demo", sets, env, out
+    return clone, clone / "runs" / "smoke", env, out
+
+
+def _pgrank(args: list[str], run, **env) -> subprocess.CompletedProcess:
+    clone, _, base, _ = run
+    return subprocess.run(["pgrank", *args], cwd=clone, env={**base, **env}, capture_output=True, text=True)
 
 
 @pytest.mark.integration
-def test_demo_runs_every_stage_and_prints_its_tables(demo_run):
-    project, ws, _, _, out = demo_run
+def test_the_readme_demo_line_runs_verbatim_from_a_fresh_clone(demo_run):
+    clone, ws, env, out = demo_run
+    assert "../shared/data/beir" in readme_line("demo")  # the relative mirror means what it meant in the clone
+    installed = subprocess.run(["python", "-c", "import cli; print(cli.__file__)"], env=env, cwd="/",
+                               capture_output=True, text=True).stdout.strip()
+    assert installed == str(clone / "cli.py")
     stages = set(_dvc(["stage", "list", "--name-only"], ws).split())
     assert stages == {"download", "mine-train", "mine@scifact", "train@minilm", "evaluate-bm25@bm25-scifact",
                       "evaluate-dense@minilm-scifact", "evaluate-policy@minilm-scifact", "tables"}
@@ -53,48 +79,124 @@ def test_demo_runs_every_stage_and_prints_its_tables(demo_run):
     assert "mlflow ui --backend-store-uri sqlite:///" in out.stdout and "prefect server start" in out.stdout
     for name in ["rerank-in-domain.md", "full-in-domain.tex", "bars-rerank.png", "tables.md"]:
         assert (ws / "tables" / name).is_file()
-    assert (ws / "dvc.lock").is_file() and not (project / "dvc.lock").exists()  # apart from the paper
-    assert subprocess.run(["git", "status", "--porcelain"], cwd=project, capture_output=True, text=True).stdout == ""
+    assert re.search(r"pgrank: train-minilm: wall [\d.]+ s, peak RSS \d+ MiB", out.stderr)  # each stage's resources
+    assert (clone / "data" / "beir" / "scifact" / "corpus.jsonl").is_file()  # datasets: shared, not per profile
+    assert not (ws / "data").exists()
+    assert (ws / "dvc.lock").is_file() and not (clone / "dvc.lock").exists()  # apart from the paper
+    status = subprocess.run(["git", "status", "--porcelain"], cwd=clone, capture_output=True, text=True).stdout
+    assert status.split() == ["??", "profiles/smoke.yaml"]  # nothing tracked was touched
     lock = (ws / "dvc.lock").read_text()
-    assert str(project) not in lock and str(ws) not in lock  # no absolute paths in what DVC records
-
-
-@pytest.mark.integration
-def test_repeat_is_a_noop_and_a_training_knob_reruns_only_what_reads_it(demo_run):
-    project, ws, sets, env, _ = demo_run
-    again = _pgrank(["--profile", "demo", *sets, "repro"], project, env)
-    assert again.returncode == 0, again.stderr[-2000:]
-    assert _would_run(ws) == set()
-    from pgrank.pipeline.workspace import prepare
-
-    overrides = [s for s in sets if s != "--set"] + ["train.pg.num_samples=12"]
-    prepare(project / "params.yaml", "demo", overrides)
-    ran = set(re.findall(r"Running stage '([^']+)'", _dvc(["repro"], ws)))
-    assert ran == {"train@minilm", "evaluate-policy@minilm-scifact", "tables"}
+    assert str(clone) not in lock and str(ws) not in lock  # no absolute paths in what DVC records
 
 
 @pytest.mark.integration
 def test_mlflow_has_one_parent_run_with_nested_stage_runs(demo_run):
-    _, ws, _, _, _ = demo_run
+    _, ws, _, _ = demo_run
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=f"sqlite:///{ws / 'mlflow.db'}")
     exp = client.get_experiment_by_name("pgrank")
     runs = client.search_runs([exp.experiment_id])
     parents = [r for r in runs if r.data.tags.get("stage") == "pipeline"]
-    assert len(parents) == 2  # the demo run and the no-op repro
-    first = min(parents, key=lambda r: r.info.start_time)
+    first = min(parents, key=lambda r: r.info.start_time)  # the README's demo run
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == first.info.run_id]
-    stages = {r.data.tags.get("stage") for r in children}
-    assert {"train", "evaluate"} <= stages
+    stages = sorted(r.data.tags.get("stage") for r in children)
+    # one run per stage process, each with its wall time and peak memory
+    assert stages == ["download", "evaluate", "evaluate", "evaluate", "mine", "mine", "tables", "train"]
+    assert all({"wall_seconds", "peak_rss_mib"} <= set(r.data.metrics) for r in children)
     train = next(r for r in children if r.data.tags["stage"] == "train")
     assert "val_ndcg_at_10" in train.data.metrics
-    evals = [r for r in children if r.data.tags["stage"] == "evaluate"]
-    assert len(evals) == 6  # 3 systems x (rerank, full) on scifact/test
-    assert all("ndcg_at_10" in r.data.metrics for r in evals)
+    evals = [r for r in children if r.data.tags["stage"] == "evaluate"]  # bm25, minilm, pgrank-minilm on scifact
+    results = [r for r in runs if r.data.tags.get("mlflow.parentRunId") in {e.info.run_id for e in evals}]
+    assert len(results) == 6 and all("ndcg_at_10" in r.data.metrics for r in results)  # x (rerank, full)
     (tables,) = [r for r in children if r.data.tags["stage"] == "tables"]
     logged = {Path(a.path).name for a in client.list_artifacts(tables.info.run_id, "tables")}
     assert {"rerank-in-domain.md", "rerank-in-domain.tex", "bars-rerank.png"} <= logged
+
+
+@pytest.mark.integration
+def test_a_repeat_is_a_noop(demo_run):
+    again = _pgrank(["repro"], demo_run)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert _ran(again.stdout + again.stderr) == set()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("module", [
+    "pgrank/retrieval/bm25/index.py",               # BM25: evaluate-bm25@*, and mining only if mine.source is bm25
+    "pgrank/training/trainer.py",                   # train@*
+    "pgrank/retrieval/dense/corpus_embeddings.py",  # mining, training and dense evaluation, not BM25's
+    "pgrank/pipeline/champion.py",                  # no stage runs it: nothing
+])
+def test_editing_code_reruns_exactly_the_stages_that_run_it(demo_run, module):
+    from pgrank.config import load_params
+
+    _, ws, _, _ = demo_run
+    params = load_params(ws / "params.yaml")
+    expected = set()
+    with _stages(ws) as stages:
+        for name, cmd in stages:
+            if ws / module in stage_files(cmd, params, ws):
+                expected.add(name)
+    edited = ws / module  # the workspace's synced copy, which its dvc.yaml depends on
+    original = edited.read_bytes()
+    try:
+        edited.write_bytes(original + b"\n# an edit\n")
+        changed = set(json.loads(_dvc(["status", "--json"], ws) or "{}"))
+    finally:
+        edited.write_bytes(original)
+    assert changed == expected
+    assert {"pgrank/retrieval/bm25/index.py": {"evaluate-bm25@bm25-scifact"},
+            "pgrank/training/trainer.py": {"train@minilm"},
+            "pgrank/pipeline/champion.py": set()}.get(module, changed) == changed
+    if module.endswith("corpus_embeddings.py"):
+        assert changed == {"mine-train", "mine@scifact", "train@minilm", "evaluate-dense@minilm-scifact",
+                           "evaluate-policy@minilm-scifact"}
+    assert json.loads(_dvc(["status", "--json"], ws) or "{}") == {}
+
+
+class _stages:
+    """``(name, cmd)`` of every stage of a workspace, read through DVC's own API."""
+
+    def __init__(self, ws: Path):
+        from dvc.repo import Repo
+
+        self.repo = Repo(str(ws))
+
+    def __enter__(self):
+        return [(s.name, s.cmd) for s in self.repo.index.stages]
+
+    def __exit__(self, *exc):
+        self.repo.close()
+
+
+@pytest.mark.integration
+def test_a_single_stage_reads_and_writes_where_the_demo_does(demo_run):
+    """`pgrank --profile smoke train` in the checkout: the workspace's inputs, the same outputs, byte for byte."""
+    _, ws, _, _ = demo_run
+    model = ws / "models" / "minilm"
+    before = {p.relative_to(model): p.read_bytes() for p in model.rglob("*") if p.is_file()}
+    out = _pgrank(["train"], demo_run)
+    assert out.returncode == 0, out.stderr[-2000:]
+    after = {p.relative_to(model): p.read_bytes() for p in model.rglob("*") if p.is_file()}
+    assert after == before  # deterministic training, into the demo's own output
+    assert json.loads(_dvc(["status", "--json"], ws) or "{}") == {}  # DVC sees nothing to redo
+
+
+@pytest.mark.integration
+def test_a_training_knob_reruns_only_what_reads_it_and_a_new_dataset_only_its_stages(demo_run):
+    knob = ["--set", "train.pg.num_samples=12"]
+    out = _pgrank([*knob, "repro"], demo_run)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert _ran(out.stdout) == {"train@minilm", "evaluate-policy@minilm-scifact", "tables"}
+    # one more dataset: its own stages and the tables; nothing of scifact's is redone
+    more = ["--set", "data.eval_sets={scifact: [test], nfcorpus: [test]}"]
+    out = _pgrank([*knob, *more, "repro"], demo_run, PGRANK_BEIR_MIRROR="../shared/data/beir")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert _ran(out.stdout) == {"download", "mine@nfcorpus", "evaluate-bm25@bm25-nfcorpus", "evaluate-dense@minilm-nfcorpus",
+                                "evaluate-policy@minilm-nfcorpus", "tables"}
+    _, ws, _, _ = demo_run
+    assert "NFCorpus" in (ws / "tables" / "rerank-out-of-domain.md").read_text()
 
 
 def test_paper_profile_validates_and_its_dag_lists_every_stage(tmp_path):

@@ -165,13 +165,12 @@ def test_best_second_gain_significance_and_dashes(project):
     params, paths = project
     tables = tables_of(params, paths)
     ood, ind = tables["rerank-out-of-domain"], tables["rerank-in-domain"]
-    # In-domain: PG-Rank best, significant, above SBERT; SPLADEv2 second; BM25 not computed and unpublished.
+    # In-domain: PG-Rank best, significant, above SBERT; SPLADEv2 second; BM25 left out, as in the paper.
+    assert "bm25" not in [c.key for c in ind.columns]
     pg = cell(ind, "MS MARCO dev", "pgrank-sbert")
     assert (pg.ours, pg.paper, pg.delta, pg.best, pg.gain, pg.significant) == ("0.980", "0.987", "−0.007", 1, True, True)
     assert cell(ind, "MS MARCO dev", "splade-v2").best == 2
     assert (cell(ind, "MS MARCO dev", "sbert").best, cell(ind, "MS MARCO dev", "sbert").gain) == (0, False)
-    bm25 = cell(ind, "MS MARCO dev", "bm25")
-    assert (bm25.ours, bm25.paper, bm25.best) == (None, None, 0)
     # A tie for the best after rounding: both bold; PG-Rank second, below its warm start, no gain.
     assert [cell(ood, "TREC-DL 2019", s).best for s in ("sbert", "splade-v2", "pgrank-sbert")] == [1, 1, 2]
     assert cell(ood, "TREC-DL 2019", "sbert").delta == "±0.000"
@@ -187,14 +186,32 @@ def test_best_second_gain_significance_and_dashes(project):
 
     make_tables(params, paths)
     md = (paths.tables / "rerank-in-domain.md").read_text()
-    assert ("| MS MARCO dev | — | 0.890 (0.892, −0.002) | <u>0.900</u> (0.900, ±0.000) "
+    assert ("| MS MARCO dev | 0.890 (0.892, −0.002) | <u>0.900</u> (0.900, ±0.000) "
             "| **0.980**† ▲ (0.987, −0.007) |") in md
     tex = (paths.tables / "rerank-in-domain.tex").read_text()
     assert r"\cellcolor{lightgreen}\textbf{0.980}$^\dagger$ {\scriptsize (0.987, $-$0.007)}" in tex
     assert r"\underline{0.900} {\scriptsize (0.900, $\pm$0.000)}" in tex
     nfcorpus = next(line for line in (paths.tables / "rerank-out-of-domain.md").read_text().splitlines()
                     if line.startswith("| NFCorpus"))
-    assert nfcorpus == "| NFCorpus | — | — (0.308) | — (0.341) | — (0.249) |"  # "—", never 0
+    assert nfcorpus == "| NFCorpus | — (0.308) | — (0.341) | — (0.249) |"  # "—", never 0
+
+
+def test_bm25_in_the_rerank_tables_is_omitted_or_context_outside_the_marks(tmp_path):
+    best_bm25 = {"ndcg@10": 0.999, "ndcg@5": 0.999, "ndcg@3": 0.999, "ndcg@1": 0.999}
+    for mode in ("omit", "context"):
+        params, paths = write_project(tmp_path / mode, "tables.formats=[md]", f"tables.rerank_bm25={mode}")
+        write_metrics(paths, "bm25", "msmarco/dev", "rerank", best_bm25, [])
+        tables = tables_of(params, paths)
+        columns = [c.key for c in tables["rerank-in-domain"].columns]
+        assert ("bm25" in columns) == (mode == "context")
+        assert "bm25" in [c.key for c in tables["full-in-domain"].columns]  # first stage: a system like any other
+        if mode == "context":
+            assert tables["rerank-in-domain"].columns[columns.index("bm25")].title == "BM25 (context)"
+            bm25 = cell(tables["rerank-in-domain"], "MS MARCO dev", "bm25")
+            assert bm25.ours == "0.999" and bm25.best == 0  # the highest number, yet no mark
+        # the marks are the same as without BM25: PG-Rank best, SPLADEv2 second
+        assert cell(tables["rerank-in-domain"], "MS MARCO dev", "pgrank-sbert").best == 1
+        assert cell(tables["rerank-in-domain"], "MS MARCO dev", "splade-v2").best == 2
 
 
 def test_in_domain_rows_are_marked_in_tables_of_every_eval_set(project):

@@ -107,13 +107,31 @@ def test_resume_after_kill_reaches_the_same_weights(tmp_path, tiny_model_dir, mo
     assert checkpoints.load_state(state_dir).epoch == 1
     assert not paths_b.checkpoint(str(tiny_model_dir), 2).exists()
     monkeypatch.setattr(checkpoints, "save_model", real_save)
+    # what a kill can leave beside the state: a half-built epoch-2 folder, a checkpoint of other settings
+    (paths_b.checkpoint(str(tiny_model_dir), 2) / "junk").mkdir(parents=True)
+    (paths_b.model_dir(str(tiny_model_dir)) / "epoch-9").mkdir()
     resumed = train(params_b, paths_b, str(tiny_model_dir), device="cpu", progress=False)
+    assert sorted(p.name for p in paths_b.model_dir(str(tiny_model_dir)).iterdir()) == ["epoch-1", "epoch-2"]
+    assert not (paths_b.checkpoint(str(tiny_model_dir), 2) / "junk").exists()
 
     wa, wb = _weights(full.final), _weights(resumed.final)
     assert wa.keys() == wb.keys()
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     assert [round(h["val_ndcg@10"], 12) for h in full.history] == [round(h["val_ndcg@10"], 12) for h in resumed.history]
     assert (paths.training_log(str(tiny_model_dir)) / "curve.csv").read_text() == (paths_b.training_log(str(tiny_model_dir)) / "curve.csv").read_text()
+
+
+def test_reconfigured_training_leaves_no_checkpoint_of_the_old_settings(tmp_path, tiny_model_dir):
+    name = str(tiny_model_dir)
+    params, paths = make_project(tmp_path, tiny_model_dir, overrides={"train.epochs": 2, "train.keep_epochs": [0, 1, 2]})
+    train(params, paths, name, device="cpu", progress=False)
+    assert sorted(p.name for p in paths.model_dir(name).iterdir()) == ["epoch-0", "epoch-1", "epoch-2"]
+    old = read_checkpoint_meta(paths.checkpoint(name, 0))["fingerprint"]
+    params, paths = make_project(tmp_path, tiny_model_dir, overrides={"train.epochs": 1, "train.keep_epochs": [0, 1]})
+    train(params, paths, name, device="cpu", progress=False)
+    assert sorted(p.name for p in paths.model_dir(name).iterdir()) == ["epoch-0", "epoch-1"]  # no stale epoch-2
+    new = {read_checkpoint_meta(paths.checkpoint(name, e))["fingerprint"] for e in (0, 1)}
+    assert len(new) == 1 and old not in new
 
 
 def test_nan_guard_stops_and_keeps_the_last_good_checkpoint(tmp_path, tiny_model_dir, monkeypatch):

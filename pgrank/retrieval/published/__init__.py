@@ -1,0 +1,2 @@
+"""The authors' published candidate sets (``mine.source: published``), converted to runs.
+"""

