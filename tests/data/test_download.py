@@ -419,3 +419,26 @@ def test_cli_downloads_the_params_datasets_and_carves_validation(tmp_path):
     assert "tiny: downloaded, verified by the mirror's SHA256SUMS" in result.stdout
     assert "tiny/test: 2 train-pg + 1 validation queries" in result.stdout
     assert (tmp_path / "runs" / "splits" / "tiny" / "qrels" / "validation.tsv").is_file()
+
+
+def test_relative_mirrors_mean_what_the_user_typed(tmp_path, monkeypatch):
+    from pgrank.data.download import MIRROR_ENV, absolute_mirror_env
+
+    (tmp_path / "conf" / "mirror").mkdir(parents=True)
+    (tmp_path / "here" / "mirror").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "here")
+    monkeypatch.delenv(MIRROR_ENV, raising=False)
+    # data.mirror: relative to the params file's folder
+    assert resolve_source(configured="mirror", config_dir=tmp_path / "conf").base == str(tmp_path / "conf" / "mirror")
+    # --mirror and $PGRANK_BEIR_MIRROR: relative to where pgrank was run; the env var is made absolute for
+    # the stage processes that DVC starts later in another directory
+    assert resolve_source("mirror").base == str(tmp_path / "here" / "mirror")
+    monkeypatch.setenv(MIRROR_ENV, "mirror")
+    absolute_mirror_env()
+    assert os.environ[MIRROR_ENV] == str(tmp_path / "here" / "mirror")
+    monkeypatch.chdir(tmp_path)
+    assert resolve_source(configured="elsewhere", config_dir=tmp_path / "conf").base == str(tmp_path / "here" / "mirror")
+    with pytest.raises(DataError, match=r"data.mirror 'nowhere': no such folder"):
+        monkeypatch.delenv(MIRROR_ENV)
+        resolve_source(configured="nowhere", config_dir=tmp_path / "conf")
+
