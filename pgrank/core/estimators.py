@@ -22,6 +22,16 @@ entropy, see PAPER.md):
     * ``"ranking"`` — entropy of the sampled top-K ranking, ``-E[log pi(r)]``, estimated by the same
       score-function estimator (its reward is ``-log pi(r)``, per placement for ``per_rank``).
 
+Reference-policy regularisation (not in the paper; coefficient ``kl_coef``, default 0): a penalty
+``kl_coef * KL(pi || pi_ref)`` toward the Plackett-Luce policy of ``reference_scores`` (the frozen warm
+start over the same candidates, with the same temperature), the recipe of RL fine-tuning of language
+models, so that in-domain gains cost less out of domain:
+    * ``"top1"`` — exact KL between the first-place distributions ``softmax(s / T)`` and ``softmax(s_ref / T)``;
+    * ``"ranking"`` — KL between the two Plackett-Luce distributions over top-K rankings, estimated from
+      the rankings already sampled for the policy gradient (no extra sampling): the value is the mean of
+      ``log pi(r) - log pi_ref(r)``, and its gradient the score-function estimate with that reward,
+      negated (per placement for ``per_rank``: ``log pi`` and ``log pi_ref`` both decompose over placements).
+
 Example:
     >>> scores = torch.randn(2, 20, requires_grad=True)
     >>> relevance = (torch.rand(2, 20) > 0.8).float()
@@ -37,7 +47,7 @@ from typing import Literal, NamedTuple
 import torch
 from torch import Tensor
 
-from pgrank.core.policy import placement_log_probs, sample_rankings, top1_entropy
+from pgrank.core.policy import placement_log_probs, sample_rankings, top1_entropy, top1_kl
 from pgrank.core.ranking_utility import Utility, get_utility
 
 
@@ -47,6 +57,7 @@ class PGOutput(NamedTuple):
     loss: Tensor  # scalar surrogate loss
     utility: Tensor  # scalar: mean utility of the sampled rankings
     entropy: Tensor  # scalar: mean entropy of the chosen kind (top1 exact, or sampled-ranking estimate)
+    kl: Tensor  # scalar: mean KL to the reference policy of the chosen kind (0 without reference scores)
 
 
 def _leave_one_out(x: Tensor) -> Tensor:
@@ -68,6 +79,9 @@ def policy_gradient(
     entropy_coef: float = 0.0,
     entropy: Literal["top1", "ranking"] = "top1",
     generator: torch.Generator | Sequence[torch.Generator] | None = None,
+    reference_scores: Tensor | None = None,
+    kl_coef: float = 0.0,
+    kl: Literal["top1", "ranking"] = "top1",
 ) -> PGOutput:
     """The policy-gradient surrogate with its diagnostics. See :func:`pg_loss` for the arguments."""
     if scores.dim() != 2 or relevance.shape != scores.shape:
@@ -81,18 +95,30 @@ def policy_gradient(
         raise ValueError(f"utility {util.name!r} is not rank-decomposable; use estimator='whole'")
     if estimator not in ("per_rank", "whole") or baseline not in ("loo", "none") or entropy not in ("top1", "ranking"):
         raise ValueError(f"unknown estimator/baseline/entropy: {estimator!r}/{baseline!r}/{entropy!r}")
+    if kl not in ("top1", "ranking") or kl_coef < 0:
+        raise ValueError(f"kl must be 'top1' or 'ranking' and kl_coef >= 0 (got {kl!r}, {kl_coef})")
+    if kl_coef and reference_scores is None:
+        raise ValueError("kl_coef > 0 needs reference_scores (the reference policy's scores of the same candidates)")
+    if reference_scores is not None and reference_scores.shape != scores.shape:
+        raise ValueError(f"reference_scores must be (B, n) like scores; got {tuple(reference_scores.shape)}")
 
     logits = scores / temperature  # (B, n) the tempered policy, sampled and differentiated alike
     rel = relevance.to(torch.float64 if scores.dtype == torch.float64 else torch.float32)
     rankings = sample_rankings(logits, mask, num_samples, k=util.depth, generator=generator)  # (B, N, K)
     step_logp = placement_log_probs(logits, rankings, mask)  # (B, N, K)
     step_logp_d = step_logp.detach()
+    ref_logits = None if reference_scores is None else reference_scores.detach() / temperature
+    ranking_kl = None  # (B, N, K) log pi - log pi_ref per placement, when the ranking KL is asked for
+    if ref_logits is not None and kl == "ranking":
+        ranking_kl = step_logp_d - placement_log_probs(ref_logits.to(step_logp.dtype), rankings, mask)
 
     if estimator == "per_rank":
         contrib = util.per_rank(rankings, rel, mask).to(step_logp.dtype)  # (B, N, K)
         sampled_utility = contrib.sum(-1)
         if entropy == "ranking" and entropy_coef:
             contrib = contrib - entropy_coef * step_logp_d
+        if ranking_kl is not None and kl_coef:
+            contrib = contrib - kl_coef * ranking_kl
         reward = contrib.flip(-1).cumsum(-1).flip(-1)  # (B, N, K) reward-to-go from each place
         advantage = _leave_one_out(reward) if baseline == "loo" else reward
         objective = (advantage.detach() * step_logp).sum(-1)  # (B, N)
@@ -101,6 +127,8 @@ def policy_gradient(
         reward = sampled_utility
         if entropy == "ranking" and entropy_coef:
             reward = reward - entropy_coef * step_logp_d.sum(-1)
+        if ranking_kl is not None and kl_coef:
+            reward = reward - kl_coef * ranking_kl.sum(-1)
         advantage = _leave_one_out(reward) if baseline == "loo" else reward
         objective = advantage.detach() * step_logp.sum(-1)  # (B, N)
 
@@ -112,7 +140,16 @@ def policy_gradient(
         ent_value = ent.detach().mean()
     else:
         ent_value = -step_logp_d.sum(-1).mean()
-    return PGOutput(loss=loss, utility=sampled_utility.detach().mean(), entropy=ent_value)
+    if ref_logits is None:
+        kl_value = torch.zeros((), dtype=step_logp.dtype, device=scores.device)
+    elif kl == "top1":
+        divergence = top1_kl(logits, ref_logits, mask)  # (B,), exact and differentiable
+        if kl_coef:
+            loss = loss + kl_coef * divergence.mean()
+        kl_value = divergence.detach().mean()
+    else:
+        kl_value = ranking_kl.sum(-1).mean()
+    return PGOutput(loss=loss, utility=sampled_utility.detach().mean(), entropy=ent_value, kl=kl_value)
 
 
 def pg_loss(
@@ -128,6 +165,9 @@ def pg_loss(
     entropy_coef: float = 0.0,
     entropy: Literal["top1", "ranking"] = "top1",
     generator: torch.Generator | Sequence[torch.Generator] | None = None,
+    reference_scores: Tensor | None = None,
+    kl_coef: float = 0.0,
+    kl: Literal["top1", "ranking"] = "top1",
 ) -> Tensor:
     """Surrogate loss of Neural PG-Rank; ``-d loss / d scores`` is the policy-gradient estimate.
 
@@ -145,6 +185,10 @@ def pg_loss(
         entropy: ``"top1"`` (exact) or ``"ranking"`` (sampled), see the module docstring.
         generator: RNG for the Gumbel noise, or one generator per query (see
             :func:`pgrank.core.policy.sample_rankings`).
+        reference_scores: ``(B, n)`` scores of the reference policy (the frozen warm start) over the
+            same candidates; treated as constants.
+        kl_coef: weight of the penalty ``KL(pi || pi_ref)`` (0: the paper's objective).
+        kl: ``"top1"`` (exact) or ``"ranking"`` (sampled), see the module docstring.
 
     Returns:
         Scalar loss: the mean over queries and samples of the negated surrogate objective.
@@ -155,5 +199,5 @@ def pg_loss(
     return policy_gradient(
         scores, relevance, mask, num_samples=num_samples, utility=utility, estimator=estimator,
         baseline=baseline, temperature=temperature, entropy_coef=entropy_coef, entropy=entropy,
-        generator=generator,
+        generator=generator, reference_scores=reference_scores, kl_coef=kl_coef, kl=kl,
     ).loss

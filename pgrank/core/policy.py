@@ -197,3 +197,17 @@ def top1_entropy(logits: Tensor, mask: Tensor | None = None) -> Tensor:
     logp = torch.log_softmax(torch.where(mask, logits.to(dtype), fill), dim=-1)
     p = logp.exp()  # exactly 0 at padded slots, and logp stays finite there: no NaN gradients
     return -torch.where(mask, p * logp, torch.zeros((), dtype=dtype, device=p.device)).sum(-1)
+
+
+def top1_kl(logits: Tensor, reference_logits: Tensor, mask: Tensor | None = None) -> Tensor:
+    """Exact ``KL(softmax(logits) || softmax(reference_logits))`` of the first-place distributions, ``(B,)``.
+
+    Over the real candidates only; differentiable in ``logits`` (the reference is a constant).
+    """
+    mask = _full_mask(logits, mask)
+    dtype = _work_dtype(logits)
+    fill = torch.full((), torch.finfo(dtype).min / 8, dtype=dtype, device=logits.device)
+    logp = torch.log_softmax(torch.where(mask, logits.to(dtype), fill), dim=-1)
+    logq = torch.log_softmax(torch.where(mask, reference_logits.detach().to(dtype), fill), dim=-1)
+    terms = logp.exp() * (logp - logq)
+    return torch.where(mask, terms, torch.zeros((), dtype=dtype, device=terms.device)).sum(-1)

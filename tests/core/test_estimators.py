@@ -30,12 +30,14 @@ def exact_gradient(scores, relevance, mask, utility: str, temperature: float, en
     return scores.grad[0]
 
 
-def mean_estimate(scores, relevance, mask, **kwargs):
+def mean_estimate(scores, relevance, mask, reference_scores_one=None, **kwargs):
     """Mean and standard error of the estimator's gradient over N_COPIES independent draws."""
     B = N_COPIES
     s = scores.repeat(B, 1).requires_grad_(True)
     rel = relevance.repeat(B, 1)
     m = None if mask is None else mask.repeat(B, 1)
+    if reference_scores_one is not None:
+        kwargs["reference_scores"] = reference_scores_one.repeat(B, 1)
     loss = pg_loss(s, rel, m, num_samples=N_SAMPLES, generator=torch.Generator().manual_seed(0), **kwargs)
     loss.backward()
     estimates = -s.grad * B  # the loss averages over copies; each copy's estimate is -B * its grad
@@ -173,3 +175,100 @@ def test_invalid_arguments_are_rejected():
     with pytest.raises(ValueError):
         pg_loss(s, r[:, :3], num_samples=4)
     assert torch.isfinite(pg_loss(s, r, num_samples=1, baseline="none"))
+
+
+# --------------------------------------------------------------------------------------- reference-policy KL
+
+
+def prefixes(n: int, k: int, mask=None):
+    """Every top-k ranking (prefix) of the real candidates, ``(1, P, k)``."""
+    real = [j for j in range(n) if mask is None or bool(mask[0, j])]
+    return torch.tensor(list(itertools.permutations(real, min(k, len(real))))).unsqueeze(0)
+
+
+def exact_kl(scores, reference, mask, k: int, temperature: float):
+    """KL(PL(scores/T) || PL(reference/T)) over top-k rankings, by enumerating every prefix."""
+    perms = prefixes(scores.shape[-1], k, mask)
+    logp = log_prob(scores / temperature, perms, mask)
+    logq = log_prob(reference / temperature, perms, mask)
+    return (logp.exp() * (logp - logq)).sum()
+
+
+def exact_regularised_gradient(scores, reference, relevance, mask, utility: str, temperature: float, kl_coef: float):
+    """d/d scores of E[Delta] - kl_coef * KL over top-K rankings (K: the utility's depth), by enumeration."""
+    s = scores.detach().clone().requires_grad_(True)
+    util = get_utility(utility)
+    perms = prefixes(s.shape[-1], util.depth, mask)
+    logp = log_prob(s / temperature, perms, mask)
+    objective = (logp.exp() * util.whole(perms, relevance, mask)).sum() - kl_coef * exact_kl(s, reference, mask, util.depth, temperature)
+    objective.backward()
+    return s.grad[0]
+
+
+def test_top1_kl_is_the_exact_kl_of_the_first_place_distributions():
+    from pgrank.core.policy import top1_kl
+
+    g = torch.Generator().manual_seed(3)
+    scores = torch.randn(3, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    reference = torch.randn(3, 5, generator=g, dtype=torch.float64)
+    mask = torch.tensor([[True] * 5, [True] * 5, [True, True, True, False, False]])
+    p, q = (torch.softmax(torch.where(mask, x, torch.tensor(-1e30, dtype=x.dtype)), -1) for x in (scores / 0.5, reference / 0.5))
+    by_hand = torch.where(mask, p * (p.clamp_min(1e-300).log() - q.clamp_min(1e-300).log()), torch.zeros((), dtype=p.dtype)).sum(-1)
+    assert torch.allclose(top1_kl(scores / 0.5, reference / 0.5, mask), by_hand)
+    assert torch.allclose(top1_kl(reference, reference), torch.zeros(3, dtype=torch.float64))
+    # in the loss: exactly kl_coef * mean KL on top of the policy-gradient surrogate, with its exact gradient
+    zero = torch.zeros_like(scores)
+    out = policy_gradient(scores, zero, mask, num_samples=4, temperature=0.5, reference_scores=reference, kl_coef=0.7)
+    assert torch.allclose(out.kl, by_hand.mean())
+    out.loss.backward()
+    ref = scores.detach().clone().requires_grad_(True)
+    (0.7 * top1_kl(ref / 0.5, reference / 0.5, mask).mean()).backward()
+    assert torch.allclose(scores.grad, ref.grad)
+
+
+@pytest.mark.parametrize("utility,padded", [("ndcg@10", False), ("ndcg@2", True)], ids=["full-rankings", "top2-padded"])
+def test_the_sampled_ranking_kl_is_unbiased_for_the_exact_kl(utility, padded):
+    scores, _, mask = problem(seed=21, padded=padded)
+    reference = scores + torch.randn(scores.shape, generator=torch.Generator().manual_seed(5), dtype=scores.dtype)
+    depth = get_utility(utility).depth
+    exact = exact_kl(scores, reference, mask, depth, 0.8).item()
+    B = N_COPIES
+    zero = torch.zeros(B, scores.shape[-1], dtype=scores.dtype)
+    m = None if mask is None else mask.repeat(B, 1)
+    out = policy_gradient(scores.repeat(B, 1), zero, m, num_samples=N_SAMPLES, utility=utility, temperature=0.8,
+                          reference_scores=reference.repeat(B, 1), kl="ranking", generator=torch.Generator().manual_seed(1))
+    # out.kl is the mean over B * N samples; compare with the spread of per-copy means
+    assert abs(out.kl.item() - exact) < 0.03 * max(exact, 0.1), (out.kl.item(), exact)
+
+
+@pytest.mark.parametrize("estimator,utility,kl_kind", [
+    ("per_rank", "ndcg@10", "ranking"), ("per_rank", "ndcg@2", "ranking"), ("whole", "ndcg@10", "ranking"),
+    ("per_rank", "ndcg@10", "top1"),
+])
+def test_the_regularised_estimator_is_unbiased(estimator, utility, kl_kind):
+    scores, relevance, _ = problem(seed=13)
+    reference = scores.flip(-1) * 0.8  # a reference policy that disagrees with the current one
+    temperature, coef = 0.8, 0.5
+    if kl_kind == "ranking":
+        exact = exact_regularised_gradient(scores, reference, relevance, None, utility, temperature, coef)
+    else:  # the exact top-1 term plus the unbiased utility gradient
+        from pgrank.core.policy import top1_kl
+
+        s = scores.detach().clone().requires_grad_(True)
+        (-coef * top1_kl(s / temperature, reference / temperature)).sum().backward()
+        exact = exact_gradient(scores, relevance, None, utility, temperature) + s.grad[0]
+    mean, se = mean_estimate(scores, relevance, None, utility=utility, estimator=estimator, temperature=temperature,
+                             reference_scores_one=reference, kl_coef=coef, kl=kl_kind)
+    assert torch.all((mean - exact).abs() <= 4 * se + 1e-9), (exact, mean, se)
+    unregularised = exact_gradient(scores, relevance, None, utility, temperature)
+    assert (exact - unregularised).abs().max() > 8 * se.max()  # the KL term moves the gradient: the test has power
+
+
+def test_kl_needs_reference_scores():
+    s, r = torch.randn(2, 5), torch.zeros(2, 5)
+    with pytest.raises(ValueError, match="needs reference_scores"):
+        pg_loss(s, r, num_samples=4, kl_coef=0.1)
+    with pytest.raises(ValueError, match="reference_scores must be"):
+        pg_loss(s, r, num_samples=4, reference_scores=torch.zeros(2, 4))
+    out = policy_gradient(s, r, num_samples=4)
+    assert out.kl.item() == 0.0

@@ -81,6 +81,7 @@ def test_the_readme_demo_line_runs_verbatim_from_a_fresh_clone(demo_run):
         assert (ws / "tables" / name).is_file()
     assert re.search(r"pgrank: train-minilm: wall [\d.]+ s, peak RSS \d+ MiB", out.stderr)  # each stage's resources
     assert (clone / "data" / "beir" / "scifact" / "corpus.jsonl").is_file()  # datasets: shared, not per profile
+    assert len([p for p in (clone / "data" / "embeddings").iterdir() if (p / "meta.json").is_file()]) == 1  # encoded once
     assert not (ws / "data").exists()
     assert (ws / "dvc.lock").is_file() and not (clone / "dvc.lock").exists()  # apart from the paper
     status = subprocess.run(["git", "status", "--porcelain"], cwd=clone, capture_output=True, text=True).stdout
