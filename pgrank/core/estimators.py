@@ -47,7 +47,12 @@ from typing import Literal, NamedTuple
 import torch
 from torch import Tensor
 
-from pgrank.core.policy import placement_log_probs, sample_rankings, top1_entropy, top1_kl
+from pgrank.core.policy import (
+    placement_log_probs,
+    sample_rankings,
+    top1_entropy,
+    top1_kl,
+)
 from pgrank.core.ranking_utility import Utility, get_utility
 
 
