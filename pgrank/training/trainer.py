@@ -289,7 +289,8 @@ def train(params: Params, paths: Paths, warm_start: str, *, device: str | None =
                 doc_model = document_model()
                 model[0].max_seq_length = cfg.max_query_length
             checkpoints.save_model(model, paths.checkpoint(warm_start, epoch), meta, document_model=doc_model)
-            model[0].max_seq_length = cfg.max_doc_length
+            if cfg.tower == "query":
+                model[0].max_seq_length = cfg.max_doc_length
 
     run_params = {"train": params.train.model_dump(mode="json"), "data.train": params.data.train, "warm_start": ref.key}
     with tracking.stage_run(params, paths, f"train-{warm_start}", log_params=run_params,
