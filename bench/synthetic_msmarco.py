@@ -40,18 +40,24 @@ CONSONANTS, VOWELS = "bcdfghjklmnprstvwz", "aeiou"
 
 
 def _vocabulary(rng: np.random.Generator) -> np.ndarray:
-    """Function words first, then pseudo-words of 1-3 consonant-vowel syllables (with an -s/-ing/-ed
+    """Function words first, then pseudo-words of 1-4 consonant-vowel syllables (with an -s/-ing/-ed
     suffix on some, for the stemmer), all distinct."""
     words = list(dict.fromkeys(FUNCTION_WORDS.split()))
+    syllables = np.array([c + v for c in CONSONANTS for v in VOWELS], dtype=object)
+    suffixes = np.array(["", "", "", "", "s", "ing", "ed"], dtype=object)
     seen = set(words)
-    syllables = [c + v for c in CONSONANTS for v in VOWELS]
-    suffixes = ["", "", "", "", "s", "ing", "ed"]
     while len(words) < VOCABULARY:
-        n = int(rng.choice([1, 2, 3, 4], p=[0.1, 0.55, 0.3, 0.05]))
-        word = "".join(syllables[i] for i in rng.integers(0, len(syllables), n)) + suffixes[int(rng.integers(0, 7))]
-        if word not in seen:
-            seen.add(word)
-            words.append(word)
+        n = 2 * VOCABULARY
+        lengths = rng.choice([1, 2, 3, 4], size=n, p=[0.1, 0.55, 0.3, 0.05])
+        parts = syllables[rng.integers(0, len(syllables), (n, 4))]
+        ends = suffixes[rng.integers(0, len(suffixes), n)]
+        for row, k, end in zip(parts.tolist(), lengths.tolist(), ends.tolist()):
+            word = "".join(row[:k]) + end
+            if word not in seen:
+                seen.add(word)
+                words.append(word)
+                if len(words) == VOCABULARY:
+                    break
     return np.array(words, dtype=object)
 
 
