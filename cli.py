@@ -219,6 +219,22 @@ def tables_cmd(ctx: typer.Context) -> None:
         typer.echo(f"-> {path}")
 
 
+@app.command("plan")
+def plan_cmd(
+    ctx: typer.Context,
+    calibrate: Annotated[bool, typer.Option("--calibrate", help="Measure each model's throughput here and estimate hours.")] = False,
+    device: Annotated[Optional[str], typer.Option("--device", help="With --calibrate: cpu, cuda (default: CUDA when present).")] = None,
+) -> None:
+    """Print what the configured run costs before anything runs: documents encoded, passes with gradient,
+    rankings sampled, candidate pairs and disk, per stage and model (--calibrate: and hours)."""
+    from pgrank.pipeline.plan import calibrate as measure
+    from pgrank.pipeline.plan import make_plan, render
+
+    params = ctx.obj.params()
+    plan = make_plan(params, ctx.obj.paths(params), ctx.obj.profile or "paper")
+    typer.echo(render(measure(params, ctx.obj.paths(params), plan, device=device) if calibrate else plan))
+
+
 @app.command("repro")
 def repro_cmd(
     ctx: typer.Context,

@@ -146,6 +146,8 @@ class MineConfig(_Section):
     max_seq_length: PositiveInt = 512
     chunk_size: PositiveInt = Field(default=65536, description="documents per embedding shard")
     bm25: Bm25Config = Bm25Config()
+    training_runs: bool = Field(
+        default=False, description="also write the carved training splits' candidate sets as TREC runs (MS MARCO: ~25 GB)")
     published_dir: str | None = Field(
         default=None, description="folder holding the authors' candidate files (source: published); null: download from the hub"
     )
@@ -188,6 +190,8 @@ class TrainConfig(_Section):
     amp: Literal["bf16", "off"] = "bf16"
     keep_epochs: list[NonNegInt] = Field(default_factory=lambda: [0, 2, 6])
     seed: int = 42
+    ddp_timeout_minutes: PositiveInt = Field(
+        default=120, description="torch.distributed process-group timeout: a validation pass plus saving a checkpoint")
     pg: PolicyGradientConfig = PolicyGradientConfig()
 
     @field_validator("amp", mode="before")

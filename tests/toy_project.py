@@ -13,8 +13,9 @@ from pathlib import Path
 import yaml
 
 from pgrank.config import Params, parse_params
+from pgrank.data.candidate_store import run_sets, write_candidates
 from pgrank.data.carve_out import write_carve_out
-from pgrank.data.runs import write_run
+from pgrank.data.corpus_store import open_corpus
 from pgrank.paths import Paths
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,7 +45,7 @@ def write_dataset(folder: Path, *, docs_per_topic: int = 6, queries_per_topic: i
 
 
 def make_project(tmp: Path, model_dir: Path, *, overrides: dict | None = None, candidates: int = 10) -> tuple[Params, Paths]:
-    """Write the toy dataset, carve-out and candidate runs; return (params, paths)."""
+    """Write the toy dataset, carve-out and candidate sets (stores and runs); return (params, paths)."""
     doc = yaml.safe_load((ROOT / "params.yaml").read_text())
     doc["paths"] = {"root": str(tmp / "runs"), "data": str(tmp / "data"), "embeddings": str(tmp / "emb")}
     doc["data"].update({"train": "toy/train", "validation_size": 6, "eval_sets": ["toy/train"], "mirror": None})
@@ -70,12 +71,14 @@ def make_project(tmp: Path, model_dir: Path, *, overrides: dict | None = None, c
     corpus_ids = [json.loads(line)["_id"] for line in (paths.dataset("toy") / "corpus.jsonl").read_text().splitlines()]
     from pgrank.data.beir import load_topics
 
+    corpus = open_corpus(paths, "toy")
     for split in ("train-pg", "validation"):
-        _, qrels = load_topics(paths, "toy", split)
+        queries, qrels = load_topics(paths, "toy", split)
         run = {}
         for qid, judged in qrels.items():
             others = [d for d in corpus_ids if d not in judged]
             chosen = list(judged) + rng.sample(others, candidates - len(judged))
-            run[qid] = [(d, float(candidates - i)) for i, d in enumerate(chosen)]
-        write_run(paths.candidates("toy", split), run, "pgrank-test")
+            run[qid] = {d: float(candidates - i) for i, d in enumerate(chosen)}
+        write_candidates(paths, "toy", split, run_sets(run, corpus, queries, qrels), corpus=corpus, tag="pgrank-test",
+                         trec=True)
     return params, paths

@@ -77,7 +77,12 @@ def evaluate_run(
             values[f"precision@{k}"] = row.get(f"P_{k}", 0.0)
         values[f"mrr@{mrr_k}"] = rr.get(qid, {}).get("recip_rank", 0.0)
         per_query[qid] = values
+    return mean_metrics(per_query), per_query
+
+
+def mean_metrics(per_query: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
+    """Metric -> mean over the queries (what :func:`evaluate_run` returns; per-query values of several
+    chunks of a run, evaluated one chunk at a time, average to the same means)."""
     n = max(1, len(per_query))
     names = next(iter(per_query.values())).keys() if per_query else []
-    means = {m: sum(v[m] for v in per_query.values()) / n for m in names}
-    return means, per_query
+    return {m: sum(v[m] for v in per_query.values()) / n for m in names}

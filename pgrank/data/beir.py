@@ -86,16 +86,21 @@ def _jsonl(path: Path, display: str, *, progress: bool = False, digest=None) -> 
                 digest.update(raw)
             if not raw.strip():
                 continue
-            try:
-                record = json.loads(raw)
-            except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
-                raise DataError(f"{display}:{line_no}: not a valid JSON line ({exc})") from None
-            if not isinstance(record, dict):
-                raise DataError(f"{display}:{line_no}: expected a JSON object, got {type(record).__name__}")
-            doc_id = record.get("_id")
-            if not isinstance(doc_id, str) or not doc_id:
-                raise DataError(f"{display}:{line_no}: expected a non-empty string \"_id\" (got {doc_id!r})")
-            yield line_no, doc_id, record
+            yield line_no, *parse_record(raw, display, line_no)
+
+
+def parse_record(raw: bytes, display: str, line_no: int) -> tuple[str, dict]:
+    """``(_id, record)`` of one non-blank JSON line; a bad line raises DataError naming it."""
+    try:
+        record = json.loads(raw)
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+        raise DataError(f"{display}:{line_no}: not a valid JSON line ({exc})") from None
+    if not isinstance(record, dict):
+        raise DataError(f"{display}:{line_no}: expected a JSON object, got {type(record).__name__}")
+    doc_id = record.get("_id")
+    if not isinstance(doc_id, str) or not doc_id:
+        raise DataError(f"{display}:{line_no}: expected a non-empty string \"_id\" (got {doc_id!r})")
+    return doc_id, record
 
 
 def _text(record: dict, key: str, display: str, line_no: int, *, default: str | None = None) -> str:

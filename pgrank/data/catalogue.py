@@ -50,3 +50,23 @@ PAPER_DATASETS: tuple[str, ...] = (
     "msmarco", "trec-covid", "nfcorpus", "nq", "hotpotqa", "fiqa", "arguana", "webis-touche2020",
     "quora", "dbpedia-entity", "scidocs", "fever", "climate-fever", "scifact",
 )
+
+# Sizes of BEIR's datasets (the BEIR paper's Table 1; scifact and nfcorpus checked against the files):
+# documents in the corpus, and judged queries per split. `pgrank plan` prices a run with them before
+# anything is downloaded (a dataset on disk is counted instead).
+BEIR_SIZES: dict[str, dict] = {
+    "msmarco": {"documents": 8_841_823, "train": 502_939, "dev": 6_980, "test": 43},
+    "trec-covid": {"documents": 171_332, "test": 50},
+    "nfcorpus": {"documents": 3_633, "train": 2_590, "dev": 324, "test": 323},
+    "nq": {"documents": 2_681_468, "test": 3_452},
+    "hotpotqa": {"documents": 5_233_329, "train": 85_000, "dev": 5_447, "test": 7_405},
+    "fiqa": {"documents": 57_638, "train": 5_500, "dev": 500, "test": 648},
+    "arguana": {"documents": 8_674, "test": 1_406},
+    "webis-touche2020": {"documents": 382_545, "test": 49},
+    "quora": {"documents": 522_931, "dev": 5_000, "test": 10_000},
+    "dbpedia-entity": {"documents": 4_635_922, "dev": 67, "test": 400},
+    "scidocs": {"documents": 25_657, "test": 1_000},
+    "fever": {"documents": 5_416_568, "train": 109_810, "dev": 6_666, "test": 6_666},
+    "climate-fever": {"documents": 5_416_593, "test": 1_535},
+    "scifact": {"documents": 5_183, "train": 809, "test": 300},
+}

@@ -22,7 +22,7 @@ are ignored when ``evaluate.ignore_identical_ids`` is set (on a copy of the run)
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,9 +31,10 @@ import numpy as np
 from pgrank import tracking
 from pgrank.atomic import write_json
 from pgrank.config import EVAL_STAGES, Params
-from pgrank.core.trec_eval import evaluate_run
+from pgrank.core.trec_eval import evaluate_run, mean_metrics
 from pgrank.data.beir import load_topics
-from pgrank.data.runs import ranked, read_run, write_run
+from pgrank.data.candidate_store import CandidateStore, open_candidates
+from pgrank.data.runs import ranked, write_run
 from pgrank.errors import PgrankError
 from pgrank.evaluation.significance import against_baseline
 from pgrank.evaluation.systems import open_system, warm_start_of
@@ -41,8 +42,10 @@ from pgrank.paths import Paths
 
 log = logging.getLogger(__name__)
 
-# Queries whose candidate documents are scored together when reranking (bounds the pairs in memory).
-RERANK_QUERIES = 256
+# Bounds on what one evaluation holds at once: (query, document) pairs scored together when reranking,
+# and queries whose runs are evaluated and written together (MS MARCO dev: 7M pairs in all).
+RERANK_PAIRS = 65536
+EVAL_QUERIES = 1024
 
 
 @dataclass(frozen=True)
@@ -55,28 +58,47 @@ class EvalResult:
     folder: Path
 
 
-def rerank_run(retriever, encoded, qids: Sequence[str], candidates: dict[str, dict[str, float]]) -> dict:
-    """Score each query's candidate set with ``retriever``: ``{qid: {doc_id: score}}`` (queries without a set are left out)."""
-    run = {}
-    todo = [(i, q) for i, q in enumerate(qids) if q in candidates]
-    for lo in range(0, len(todo), RERANK_QUERIES):
-        chunk = todo[lo : lo + RERANK_QUERIES]
-        docs = [list(candidates[q]) for _, q in chunk]
-        query_rows = np.repeat([i for i, _ in chunk], [len(d) for d in docs])
-        doc_rows = retriever.rows([d for ds in docs for d in ds])
-        scores = retriever.score(encoded, query_rows, doc_rows)
-        at = 0
-        for (_, q), ds in zip(chunk, docs):
-            run[q] = {d: float(s) for d, s in zip(ds, scores[at : at + len(ds)])}
-            at += len(ds)
-    return run
+Run = dict[str, dict[str, float]]
 
 
-def search_run(retriever, encoded, qids: Sequence[str], k: int) -> dict:
-    """The top ``k`` of the whole corpus for each query: ``{qid: {doc_id: score}}``."""
+def rerank_runs(retriever, encoded, qids: Sequence[str], candidates: CandidateStore) -> Iterator[Run]:
+    """Score each query's candidate set with ``retriever``, in chunks of about :data:`RERANK_PAIRS` pairs:
+    ``{qid: {doc_id: score}}`` per chunk, queries in sorted id order (queries without a set are left out).
+
+    ``encoded`` holds the queries in the order of ``qids``.
+    """
+    position = {q: i for i, q in enumerate(qids)}
+    todo = [(position[q], at) for q in sorted(qids) if (at := candidates.index(q)) is not None]
+    lo = 0
+    while lo < len(todo):
+        hi, pairs = lo, 0
+        while hi < len(todo) and (pairs == 0 or pairs < RERANK_PAIRS):
+            pairs += int(candidates.offsets[todo[hi][1] + 1] - candidates.offsets[todo[hi][1]])
+            hi += 1
+        chunk = todo[lo:hi]
+        rows = [candidates.candidates(at)[0] for _, at in chunk]
+        query_rows = np.repeat([i for i, _ in chunk], [len(r) for r in rows])
+        doc_rows = np.concatenate(rows).astype(np.int64)
+        scores = retriever.score(encoded, query_rows, doc_rows).tolist()
+        ids = retriever.doc_ids.take(doc_rows)
+        run, at = {}, 0
+        for (i, _), r in zip(chunk, rows):
+            run[qids[i]] = dict(zip(ids[at : at + len(r)], scores[at : at + len(r)]))
+            at += len(r)
+        yield run
+        lo = hi
+
+
+def search_runs(retriever, encoded, qids: Sequence[str], k: int) -> Iterator[Run]:
+    """The top ``k`` of the whole corpus for each query, in chunks of :data:`EVAL_QUERIES` queries (sorted ids)."""
     scores, rows = retriever.search(encoded, k)
-    ids = retriever.doc_ids
-    return {q: {ids[r]: float(s) for s, r in zip(scores[i], rows[i]) if r >= 0} for i, q in enumerate(qids)}
+    order = sorted(range(len(qids)), key=qids.__getitem__)
+    for lo in range(0, len(order), EVAL_QUERIES):
+        run = {}
+        for i in order[lo : lo + EVAL_QUERIES]:
+            keep = rows[i] >= 0
+            run[qids[i]] = dict(zip(retriever.doc_ids.take(rows[i][keep]), scores[i][keep].tolist()))
+        yield run
 
 
 def evaluate(params: Params, paths: Paths, system: str, eval_set: str, stages: Sequence[str] = EVAL_STAGES, *,
@@ -84,7 +106,7 @@ def evaluate(params: Params, paths: Paths, system: str, eval_set: str, stages: S
     """Evaluate one system on one ``dataset/split`` in the given stages; write and return the results.
 
     ``retriever``: one opened for this system and dataset (:func:`pgrank.evaluation.systems.open_system`),
-    shared by the splits of a dataset.
+    shared by the splits of a dataset. Runs are evaluated and written a chunk of queries at a time.
     """
     dataset, _, split = eval_set.partition("/")
     cfg = params.evaluate
@@ -97,14 +119,20 @@ def evaluate(params: Params, paths: Paths, system: str, eval_set: str, stages: S
     results = []
     for stage in stages:
         if stage == "rerank":
-            cand_path = paths.candidates(dataset, split)
-            if not cand_path.is_file():
-                raise PgrankError(f"{cand_path}: no candidate sets; run `pgrank mine --dataset {dataset}`")
-            run = rerank_run(retriever, encoded, qids, read_run(cand_path))
+            runs = rerank_runs(retriever, encoded, qids, open_candidates(paths, dataset, split))
         else:
-            run = search_run(retriever, encoded, qids, cfg.top_k + (1 if cfg.ignore_identical_ids else 0))
-        means, per_query = evaluate_run(qrels, run, ks, mrr_k=10, ignore_identical_ids=cfg.ignore_identical_ids)
+            runs = search_runs(retriever, encoded, qids, cfg.top_k + (1 if cfg.ignore_identical_ids else 0))
         folder = paths.results(system, dataset, split, stage)
+        per_query: dict[str, dict[str, float]] = {}
+
+        def evaluated(runs=runs, per_query=per_query):
+            for run in runs:
+                per_query.update(evaluate_run({q: qrels[q] for q in run}, run, ks, mrr_k=10,
+                                              ignore_identical_ids=cfg.ignore_identical_ids)[1])
+                yield from ((q, ranked(run[q])) for q in sorted(run))
+
+        write_run(folder / "run.trec", evaluated(), system)
+        means = mean_metrics(per_query)
         significance = None if warm is None else against_baseline(
             per_query, paths.results(warm, dataset, split, stage) / "per_query.json", warm, cfg.significance)
         system_info = getattr(retriever, "system", None)
@@ -112,7 +140,6 @@ def evaluate(params: Params, paths: Paths, system: str, eval_set: str, stages: S
                   "epoch": getattr(system_info, "epoch", None), "dataset": dataset, "split": split, "stage": stage,
                   "queries": len(per_query), "metrics": means, "significance": significance}
         write_json(folder / "per_query.json", per_query)
-        write_run(folder / "run.trec", ((q, ranked(run[q])) for q in sorted(run)), system)
         write_json(folder / "metrics.json", record)
         with tracking.stage_run(params, paths, f"evaluate/{system}/{eval_set}/{stage}",
                                 tags={"stage": "evaluate-result", "system": system, "eval_set": eval_set, "eval_stage": stage},
@@ -121,6 +148,11 @@ def evaluate(params: Params, paths: Paths, system: str, eval_set: str, stages: S
             tracking.log_metrics(mlflow_run, means)
         results.append(EvalResult(system, dataset, split, stage, means, folder))
     return results
+
+
+def _candidate_rows(paths: Paths, dataset: str, splits: Sequence[str]) -> np.ndarray:
+    """Every corpus row in the candidate sets of ``splits`` (what a rerank-only system must encode)."""
+    return np.unique(np.concatenate([np.asarray(open_candidates(paths, dataset, s).rows) for s in splits]))
 
 
 def evaluate_dataset(params: Params, paths: Paths, system: str, dataset: str) -> list[EvalResult]:
@@ -142,7 +174,9 @@ def evaluate_dataset(params: Params, paths: Paths, system: str, dataset: str) ->
 
 def _evaluate_dataset(params: Params, paths: Paths, system: str, dataset: str, splits: list[str]):
     results, summary = [], {}
-    retriever = open_system(params, paths, system, dataset)  # shared by the splits
+    rerank_only = "full" not in params.evaluate.stages
+    candidates = _candidate_rows(paths, dataset, splits) if rerank_only else None
+    retriever = open_system(params, paths, system, dataset, candidates=candidates)  # shared by the splits
     for split in splits:
         for r in evaluate(params, paths, system, f"{dataset}/{split}", params.evaluate.stages, retriever=retriever):
             summary.setdefault(split, {})[r.stage] = r.metrics
@@ -152,8 +186,9 @@ def _evaluate_dataset(params: Params, paths: Paths, system: str, dataset: str, s
         if len(kept) < len(params.evaluate.policy_epochs):
             log.warning("evaluate.policy_epochs %s: only %s are kept epochs strictly inside (0, train.epochs); "
                         "the others are skipped", params.evaluate.policy_epochs, kept)
-        for epoch in kept:
-            epoch_retriever = open_system(params, paths, f"{system}@{epoch}", dataset)
+        candidates = candidates if candidates is not None else _candidate_rows(paths, dataset, splits) if kept else None
+        for epoch in kept:  # rerank only: only the documents of the candidate sets are encoded
+            epoch_retriever = open_system(params, paths, f"{system}@{epoch}", dataset, candidates=candidates)
             for split in splits:
                 for r in evaluate(params, paths, f"{system}@{epoch}", f"{dataset}/{split}", ["rerank"],
                                   retriever=epoch_retriever):

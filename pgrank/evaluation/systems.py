@@ -14,7 +14,7 @@ from pgrank.config import Params
 from pgrank.errors import PgrankError
 from pgrank.paths import Paths
 
-# kind -> the module with for_evaluation(params, paths, system, dataset) -> retriever
+# kind -> the module with for_evaluation(params, paths, system, dataset, *, candidates) -> retriever
 KINDS: dict[str, str] = {
     "bm25": "pgrank.retrieval.bm25.retriever",
     "dense": "pgrank.retrieval.dense.retriever",
@@ -51,7 +51,11 @@ def kind_of(params: Params, system: str) -> str:
     return kind
 
 
-def open_system(params: Params, paths: Paths, system: str, dataset: str):
-    """The retriever that evaluates ``system`` on ``dataset`` (loads its corpus, index or embeddings once)."""
+def open_system(params: Params, paths: Paths, system: str, dataset: str, *, candidates=None):
+    """The retriever that evaluates ``system`` on ``dataset`` (opens its corpus, index or embeddings once).
+
+    ``candidates``: for a rerank-only evaluation, the corpus rows of the candidate sets (a dense model
+    without a corpus-embedding artifact then encodes only those).
+    """
     module = importlib.import_module(KINDS[kind_of(params, system)])
-    return module.for_evaluation(params, paths, system, dataset)
+    return module.for_evaluation(params, paths, system, dataset, candidates=candidates)

@@ -24,9 +24,14 @@ Judged-relevant documents missing from the corpus (ArguAna has some) cannot be c
 counted in :class:`MineResult`. A query with more than ``mine.candidates`` relevant documents keeps
 them all, and no others.
 
+Candidate sets are written to a columnar store (:mod:`pgrank.data.candidate_store`: corpus rows and
+grades, memory-mapped by training and evaluation) and, for evaluation splits, as a TREC run beside it.
+Nothing holds a split's sets in memory: queries are searched :data:`QUERY_BATCH` at a time as arrays,
+and each set streams to disk as soon as it is complete.
+
 Example:
     >>> result = mine(params, paths, "scifact", "test")
-    >>> read_run(result.path)["1"]      # {doc_id: stage-1 score}
+    >>> read_run(paths.candidates("scifact", "test"))["1"]      # {doc_id: stage-1 score}
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from __future__ import annotations
 import importlib
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,19 +48,16 @@ import numpy as np
 from pgrank import tracking
 from pgrank.config import Params
 from pgrank.data.beir import Qrels, load_topics
-from pgrank.data.runs import ranked, write_run
+from pgrank.data.candidate_store import ScoredSet, write_candidates
+from pgrank.data.corpus_store import CorpusStore, open_corpus
+from pgrank.data.runs import order_keys
 from pgrank.errors import PgrankError
-from pgrank.paths import CARVED_TRAIN, VALIDATION, Paths
+from pgrank.paths import CARVED_SPLITS, CARVED_TRAIN, VALIDATION, Paths
 
 log = logging.getLogger(__name__)
 
-# Queries searched per pass over the corpus (bounds the memory of the running top k).
-QUERY_BATCH = 16384
-
-# What stage 1 gives for one query: its top documents best first, and the stage-1 scores of the
-# query's judged-relevant documents (in the corpus), wherever they rank. They stream query by query
-# into the candidate file (MS MARCO train: 500k queries x 1000 documents never sit in memory together).
-Stage1 = tuple[list[tuple[str, float]], dict[str, float]]
+# Queries searched per pass over the corpus (bounds the memory of the running top k: 4096 x 1000 pairs).
+QUERY_BATCH = 4096
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,7 @@ class MineResult:
     dataset: str
     split: str
     source: str
-    path: Path
+    path: Path  # the candidate store (the TREC run, when written, is Paths.candidates beside it)
     queries: int
     min_size: int
     max_size: int
@@ -76,56 +78,69 @@ class MineResult:
     seconds: float  # for this split, once the corpus and its index or embeddings were ready
 
 
-def candidate_set(
-    relevant: Mapping[str, float], retrieved: Sequence[tuple[str, float]], size: int
-) -> list[tuple[str, float]]:
+def candidate_set(relevant_rows: np.ndarray, relevant_scores: np.ndarray, top_rows: np.ndarray,
+                  top_scores: np.ndarray, size: int, ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """One query's candidate set: every relevant document, then the best other retrieved ones.
 
     Pure. Args:
-        relevant: judged-relevant documents with their stage-1 scores.
-        retrieved: the retriever's top documents, best first, with scores.
+        relevant_rows, relevant_scores: the judged-relevant documents (corpus rows) and their stage-1 scores.
+        top_rows, top_scores: the retriever's top documents, best first.
         size: the set size to fill up to (all relevant documents are kept even beyond it).
+        ranks: the corpus' id ranks (:attr:`pgrank.data.corpus_store.CorpusStore.id_ranks`).
 
     Returns:
-        The set in file order (score descending, then document id ascending).
+        ``(rows, scores)`` in file order (score descending, then document id ascending).
     """
-    chosen = dict(relevant)
-    for doc, score in retrieved:
-        if len(chosen) >= size:
-            break
-        chosen.setdefault(doc, score)
-    return ranked(chosen)
+    others = ~np.isin(top_rows, relevant_rows)
+    fill = max(size - len(relevant_rows), 0)
+    rows = np.concatenate([relevant_rows, top_rows[others][:fill]]).astype(np.int64)
+    scores = np.concatenate([relevant_scores, top_scores[others][:fill]]).astype(np.float32)
+    order = np.argsort(order_keys(scores, ranks[rows]), kind="stable")
+    return rows[order], scores[order]
 
 
-def _relevant(qrels: Qrels, in_corpus: Callable[[str], bool]) -> dict[str, list[str]]:
-    return {qid: sorted(d for d, rel in docs.items() if rel > 0 and in_corpus(d)) for qid, docs in qrels.items()}
+def _judged(qrels: Qrels, corpus: CorpusStore) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Each query's judged documents that are in the corpus: ``(rows, grades)``, one id lookup for the split."""
+    pairs = [(q, d, g) for q, docs in qrels.items() for d, g in docs.items()]
+    rows = corpus.rows(d for _, d, _ in pairs)
+    out: dict[str, tuple[list, list]] = {q: ([], []) for q in qrels}
+    for (q, _, g), r in zip(pairs, rows.tolist()):
+        if r >= 0:
+            out[q][0].append(r)
+            out[q][1].append(g)
+    return {q: (np.array(r, dtype=np.int64), np.array(g, dtype=np.int64)) for q, (r, g) in out.items()}
 
 
 # --------------------------------------------------------------------------------------- retrievers
 
 
-def _stage1(retriever, queries: Mapping[str, str], relevant: Mapping[str, list[str]], k: int,
-            progress: bool) -> Iterator[tuple[str, Stage1]]:
-    """Search ``queries`` (in order) in batches: each query's top ``k`` and its relevant documents' scores."""
+def _stage1(retriever, qids: Sequence[str], queries: Mapping[str, str], relevant: Mapping[str, np.ndarray], k: int,
+            progress: bool) -> Iterator[tuple[str, np.ndarray, np.ndarray, np.ndarray]]:
+    """Search ``qids`` (in order) in batches: ``(qid, top rows, top scores, relevant rows' scores)``."""
     from tqdm.auto import tqdm
 
-    qids = list(queries)
-    ids = retriever.doc_ids
     with tqdm(total=len(qids), desc="searching", unit="query", disable=not progress) as bar:
         for lo in range(0, len(qids), QUERY_BATCH):
             batch = qids[lo : lo + QUERY_BATCH]
             encoded = retriever.encode([queries[q] for q in batch])
             scores, rows = retriever.search(encoded, k)
-            tops = [[(ids[r], float(s)) for s, r in zip(scores[i], rows[i]) if r >= 0] for i in range(len(batch))]
-            seen = [dict(top) for top in tops]
             # Relevant documents the retriever ranked below the top k: score them directly.
-            pairs = [(i, d) for i, q in enumerate(batch) for d in relevant[q] if d not in seen[i]]
-            if pairs:
-                extra = retriever.score(encoded, np.array([i for i, _ in pairs]), retriever.rows([d for _, d in pairs]))
-                for (i, d), s in zip(pairs, extra):
-                    seen[i][d] = float(s)
+            q_rows, d_rows = [], []
             for i, q in enumerate(batch):
-                yield q, (tops[i], {d: seen[i][d] for d in relevant[q]})
+                below = relevant[q][~np.isin(relevant[q], rows[i])]
+                q_rows.append(np.full(len(below), i))
+                d_rows.append(below)
+            extra = {}
+            if q_rows and sum(map(len, d_rows)):
+                q_all, d_all = np.concatenate(q_rows), np.concatenate(d_rows)
+                values = retriever.score(encoded, q_all, d_all)
+                extra = {(int(i), int(d)): float(v) for i, d, v in zip(q_all, d_all, values)}
+            for i, q in enumerate(batch):
+                top_rows, top_scores = rows[i][rows[i] >= 0], scores[i][rows[i] >= 0]
+                found = dict(zip(top_rows.tolist(), top_scores.tolist()))
+                rel_scores = np.array([found[d] if d in found else extra[i, d] for d in relevant[q].tolist()],
+                                      dtype=np.float32)
+                yield q, top_rows, top_scores, rel_scores
             bar.update(len(batch))
 
 
@@ -187,7 +202,7 @@ def select_targets(params: Params, dataset: str | None = None, splits: Sequence[
 
 @dataclass
 class _Tally:
-    """Running counts for a :class:`MineResult`, kept while candidate sets stream to the file."""
+    """Running counts for a :class:`MineResult`, kept while candidate sets stream to disk."""
 
     queries: int = 0
     min_size: int | None = None
@@ -211,40 +226,64 @@ class _Tally:
         )
 
 
-def _stream_sets(retriever, queries: Mapping[str, str], relevant: Mapping[str, list[str]], size: int,
-                 tally: _Tally, progress: bool) -> Iterator[tuple[str, list[tuple[str, float]]]]:
+def _mined_sets(retriever, queries: Mapping[str, str], judged: Mapping[str, tuple[np.ndarray, np.ndarray]],
+                size: int, tally: _Tally, progress: bool) -> Iterator[ScoredSet]:
     """Candidate sets in sorted query-id order, one query at a time, counted into ``tally``."""
-    ordered = {q: queries[q] for q in sorted(queries)}
-    for qid, (top, rel_scores) in _stage1(retriever, ordered, relevant, size, progress):
-        chosen = candidate_set(rel_scores, top, size)
-        tally.add(len(chosen), len(rel_scores), sum(1 for d, _ in top if d in rel_scores), len(rel_scores) > size)
-        yield qid, chosen
+    ranks = retriever.store.id_ranks
+    relevant = {q: np.unique(rows[grades > 0]) for q, (rows, grades) in judged.items()}
+    qids = sorted(queries)
+    for qid, top_rows, top_scores, rel_scores in _stage1(retriever, qids, queries, relevant, size, progress):
+        rel = relevant[qid]
+        rows, scores = candidate_set(rel, rel_scores, top_rows, top_scores, size, ranks)
+        judged_rows, judged_grades = judged[qid]
+        grades = np.zeros(len(rows), dtype=np.int64)
+        if len(judged_rows):
+            order = np.argsort(judged_rows)
+            at = np.minimum(np.searchsorted(judged_rows[order], rows), len(judged_rows) - 1)
+            hit = judged_rows[order][at] == rows
+            grades[hit] = judged_grades[order][at[hit]]
+        tally.add(len(rows), len(rel), int(np.isin(rel, top_rows).sum()), len(rel) > size)
+        yield qid, queries[qid], rows, scores, grades
 
 
 def _mine_published(params: Params, paths: Paths, dataset: str, split: str) -> MineResult:
+    from pgrank.data.candidate_store import run_sets
+
     started = time.perf_counter()
     published = importlib.import_module(SOURCES["published"])
     sets = published.read_published(published.fetch_published(dataset, split, params.mine.published_dir))
-    _, qrels = load_topics(paths, dataset, split)
-    in_set = {q: {d for d, _ in docs} for q, docs in sets.items()}
-    relevant = {q: [d for d, r in docs.items() if r > 0 and d in in_set.get(q, ())] for q, docs in qrels.items()}
-    missing = sum(1 for q, docs in qrels.items() for d, r in docs.items() if r > 0) - sum(map(len, relevant.values()))
+    queries, qrels = load_topics(paths, dataset, split)
+    corpus = open_corpus(paths, dataset)
     absent = [q for q in qrels if q not in sets]
     if absent:
         log.warning("%s/%s: %d judged queries have no published candidate set (e.g. %s)",
                     dataset, split, len(absent), absent[:3])
-    path = paths.candidates(dataset, split)
-    write_run(path, sets, "pgrank-published")
-    tally = _Tally()
+    known = {}
     for qid, docs in sets.items():
+        rows = corpus.rows(d for d, _ in docs)
+        if (rows < 0).any():
+            log.warning("%s/%s: query %s: %d published candidates are not in the corpus; dropped",
+                        dataset, split, qid, int((rows < 0).sum()))
+        known[qid] = {d: s for (d, s), r in zip(docs, rows.tolist()) if r >= 0}
+    in_set = {q: set(docs) for q, docs in known.items()}
+    relevant = {q: [d for d, r in docs.items() if r > 0 and d in in_set.get(q, ())] for q, docs in qrels.items()}
+    missing = sum(1 for q, docs in qrels.items() for d, r in docs.items() if r > 0) - sum(map(len, relevant.values()))
+    tally = _Tally()
+    for qid, docs in known.items():
         tally.add(len(docs), len(relevant.get(qid, ())), 0, False)
+    path = write_candidates(paths, dataset, split, run_sets(known, corpus, queries, qrels), corpus=corpus,
+                            tag="pgrank-published", trec=True, meta={"source": "published"})
     return tally.result(dataset, split, "published", path, missing, False, started)
 
 
 def mine_splits(
     params: Params, paths: Paths, targets: Sequence[tuple[str, str]], *, progress: bool = True
 ) -> list[MineResult]:
-    """Mine several splits, loading each corpus (and building its index or embeddings) once.
+    """Mine several splits, opening each corpus (and its index or embeddings) once.
+
+    Each split's candidate sets go to its store (``Paths.candidate_store``); the TREC run beside it
+    (``Paths.candidates``) is written for evaluation splits, and for the carved training splits only
+    with ``mine.training_runs`` (MS MARCO's are 5x10^8 lines, about 25 GB, that nothing downstream reads).
 
     Returns:
         One :class:`MineResult` per target, in order.
@@ -266,17 +305,19 @@ def mine_splits(
                 continue
             topics = {split: load_topics(paths, dataset, split) for split in splits}  # fail fast on a bad split
             retriever = importlib.import_module(SOURCES[cfg.source]).for_mining(params, paths, dataset, progress=progress)
-            in_corpus = set(retriever.doc_ids).__contains__
+            corpus = retriever.store
             for split, (queries, qrels) in topics.items():
                 started = time.perf_counter()
-                size = min(cfg.candidates, len(retriever.doc_ids))
-                relevant = _relevant(qrels, in_corpus)
-                judged = sum(1 for docs in qrels.values() for r in docs.values() if r > 0)
+                size = min(cfg.candidates, len(corpus))
+                judged = _judged(qrels, corpus)
+                n_relevant = sum(1 for docs in qrels.values() for r in docs.values() if r > 0)
                 tally = _Tally()
-                path = paths.candidates(dataset, split)
-                write_run(path, _stream_sets(retriever, queries, relevant, size, tally, progress), f"pgrank-{cfg.source}")
-                missing = judged - tally.relevant
-                results[dataset, split] = tally.result(dataset, split, cfg.source, path, missing, True, started)
+                trec = split not in CARVED_SPLITS or cfg.training_runs
+                path = write_candidates(paths, dataset, split, _mined_sets(retriever, queries, judged, size, tally, progress),
+                                        corpus=corpus, tag=f"pgrank-{cfg.source}", trec=trec,
+                                        meta={"source": cfg.source, "candidates": size})
+                results[dataset, split] = tally.result(dataset, split, cfg.source, path, n_relevant - tally.relevant,
+                                                       True, started)
                 log.info("%s/%s: %d queries -> %s", dataset, split, tally.queries, path)
         for (dataset, split), r in results.items():
             tracking.log_metrics(run, {f"{dataset}/{split}/queries": r.queries, f"{dataset}/{split}/seconds": r.seconds,
@@ -286,7 +327,7 @@ def mine_splits(
 
 
 def mine(params: Params, paths: Paths, dataset: str, split: str, *, progress: bool = True) -> MineResult:
-    """Mine the candidate sets of one ``dataset/split`` into ``Paths.candidates(dataset, split)``.
+    """Mine the candidate sets of one ``dataset/split`` into ``Paths.candidate_store(dataset, split)``.
 
     Args:
         params: the parsed params (``mine``, ``models`` and ``data`` sections are read).

@@ -216,7 +216,10 @@ def load_encoder(
         if limit is not None and max_seq_length > limit:
             log.warning("%s: max_seq_length %d exceeds its %d positions; using %d", ref.name, max_seq_length, limit, limit)
             max_seq_length = limit
-        model.max_seq_length = max_seq_length
+        try:
+            model.max_seq_length = max_seq_length
+        except AttributeError:  # a model without a truncation length (StaticEmbedding) reads whole texts
+            log.debug("%s: no max_seq_length to set; inputs are not truncated", ref.name)
     model.eval()
     return model
 

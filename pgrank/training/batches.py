@@ -1,20 +1,25 @@
 """Training examples and batch tensors: a query, its candidate set and the candidates' grades.
 
+Examples come from a split's candidate store (:mod:`pgrank.data.candidate_store`), memory-mapped: a
+:class:`TrainingSet` hands out one batch of queries at a time, so no process (and no DDP rank) holds a
+split's candidate sets (MS MARCO: 5x10^8 pairs) as Python objects or in private memory.
+
 A batch of ``B`` queries becomes padded tensors over the batch's *unique* candidate documents (a
-document shared by several queries is encoded once): ``index (B, n)`` into the unique list,
-``relevance (B, n)`` and ``mask (B, n)``.
+document shared by several queries is encoded once, in first-seen order): ``index (B, n)`` into the
+unique corpus rows, ``relevance (B, n)`` and ``mask (B, n)``.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from pgrank.data.candidate_store import CandidateStore
 from pgrank.retrieval.dense.corpus_embeddings import CorpusEmbeddings
 
 
@@ -22,55 +27,55 @@ from pgrank.retrieval.dense.corpus_embeddings import CorpusEmbeddings
 class Example:
     qid: str
     query: str
-    doc_ids: tuple[str, ...]
-    relevance: tuple[float, ...]
+    rows: np.ndarray  # (n,) corpus rows of the candidates, in stage-1 rank order
+    relevance: np.ndarray  # (n,) their grades
 
 
-def build_examples(
-    queries: Mapping[str, str],
-    qrels: Mapping[str, Mapping[str, int]],
-    candidates: Mapping[str, Mapping[str, float]],
-) -> list[Example]:
-    """One example per query that has a candidate set, candidates in stage-1 order (score desc, id).
+class TrainingSet:
+    """A split's candidate sets as training examples, read from the memory-mapped store on demand."""
 
-    Queries without candidates are skipped (the caller reports how many).
-    """
-    examples = []
-    for qid in queries:
-        cands = candidates.get(qid)
-        if not cands:
-            continue
-        ordered = sorted(cands.items(), key=lambda kv: (-kv[1], kv[0]))
-        judged = qrels.get(qid, {})
-        ids = tuple(d for d, _ in ordered)
-        examples.append(Example(qid, queries[qid], ids, tuple(float(judged.get(d, 0)) for d in ids)))
-    return examples
+    def __init__(self, store: CandidateStore):
+        self.store = store
+
+    def __len__(self) -> int:
+        return len(self.store)
+
+    def __getitem__(self, i: int) -> Example:
+        rows, grades = self.store.candidates(i)
+        return Example(self.store.qids[i], self.store.queries[i], rows, grades)
+
+    def examples(self, indices: Sequence[int]) -> list[Example]:
+        return [self[int(i)] for i in indices]
 
 
 @dataclass(frozen=True)
 class Batch:
     examples: tuple[Example, ...]
-    unique_ids: tuple[str, ...]  # documents to encode (or look up), each once
-    index: Tensor  # (B, n) long, into unique_ids (0 at padded slots)
+    unique_rows: np.ndarray  # (U,) corpus rows to encode (or look up), each once, in first-seen order
+    index: Tensor  # (B, n) long, into unique_rows (0 at padded slots)
     relevance: Tensor  # (B, n) float
     mask: Tensor  # (B, n) bool
 
 
 def make_batch(examples: Sequence[Example], device: torch.device | str = "cpu") -> Batch:
-    position: dict[str, int] = {}
-    for ex in examples:
-        for d in ex.doc_ids:
-            position.setdefault(d, len(position))
-    B, n = len(examples), max(len(ex.doc_ids) for ex in examples)
+    sizes = [len(ex.rows) for ex in examples]
+    flat = np.concatenate([np.asarray(ex.rows, dtype=np.int64) for ex in examples])
+    unique, first, inverse = np.unique(flat, return_index=True, return_inverse=True)
+    seen_order = np.argsort(first, kind="stable")  # unique rows in first-seen order
+    position = np.empty(len(unique), dtype=np.int64)
+    position[seen_order] = np.arange(len(unique))
+    B, n = len(examples), max(sizes)
     index = torch.zeros(B, n, dtype=torch.long)
     relevance = torch.zeros(B, n)
     mask = torch.zeros(B, n, dtype=torch.bool)
+    at = 0
     for b, ex in enumerate(examples):
-        k = len(ex.doc_ids)
-        index[b, :k] = torch.tensor([position[d] for d in ex.doc_ids])
-        relevance[b, :k] = torch.tensor(ex.relevance)
+        k = sizes[b]
+        index[b, :k] = torch.from_numpy(position[inverse[at : at + k]])
+        relevance[b, :k] = torch.as_tensor(np.asarray(ex.relevance, dtype=np.float32))
         mask[b, :k] = True
-    return Batch(tuple(examples), tuple(position), index.to(device), relevance.to(device), mask.to(device))
+        at += k
+    return Batch(tuple(examples), unique[seen_order], index.to(device), relevance.to(device), mask.to(device))
 
 
 def query_generators(seed: int, epoch: int, qids: Sequence[str], device: torch.device) -> list[torch.Generator]:
@@ -89,15 +94,13 @@ def epoch_order(num: int, seed: int, epoch: int, limit: int | None) -> list[int]
 
 
 class FrozenDocuments:
-    """Document embeddings looked up from a corpus-embedding artifact (``tower: query``)."""
+    """Document embeddings looked up by corpus row from a corpus-embedding artifact (``tower: query``)."""
 
     def __init__(self, embeddings: CorpusEmbeddings):
         self.embeddings = embeddings
-        self.row = {d: i for i, d in enumerate(embeddings.doc_ids)}
 
-    def vectors(self, doc_ids: Sequence[str], device: torch.device) -> Tensor:
-        missing = [d for d in doc_ids if d not in self.row]
-        if missing:
-            raise KeyError(f"{len(missing)} candidate documents are not in {self.embeddings.folder} (e.g. {missing[:3]})")
-        rows = np.fromiter((self.row[d] for d in doc_ids), dtype=np.int64, count=len(doc_ids))
+    def vectors(self, rows: np.ndarray, device: torch.device) -> Tensor:
+        rows = np.asarray(rows, dtype=np.int64)
+        if len(rows) and (rows.min() < 0 or rows.max() >= self.embeddings.num_docs):
+            raise KeyError(f"candidate rows outside the {self.embeddings.num_docs} rows of {self.embeddings.folder}")
         return torch.from_numpy(self.embeddings.vectors(rows)).to(device)

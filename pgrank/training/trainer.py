@@ -39,15 +39,14 @@ from pgrank import tracking
 from pgrank.atomic import write_json, write_text
 from pgrank.config import Params
 from pgrank.core.estimators import policy_gradient
-from pgrank.core.trec_eval import evaluate_run
+from pgrank.core.trec_eval import evaluate_run, mean_metrics
 from pgrank.errors import PgrankError
 from pgrank.paths import CARVED_TRAIN, VALIDATION, Paths
 from pgrank.training import checkpoints, distributed
 from pgrank.training.batches import (
     Batch,
-    Example,
     FrozenDocuments,
-    build_examples,
+    TrainingSet,
     epoch_order,
     make_batch,
     query_generators,
@@ -95,11 +94,9 @@ def accumulate_gradients(model, batch: Batch, params: Params, *, epoch: int, fro
         model: the trainable sentence-transformers model (``forward``: its DDP wrapper, if any).
         batch: queries, candidates, grades and mask.
         frozen: document embeddings for ``tower: query`` (``None`` for ``tower: both``).
-        corpus: ``{doc_id: {title, text}}`` for ``tower: both``.
+        corpus: the corpus store for ``tower: both`` (only the batch's documents are read).
         no_sync: DDP's ``no_sync`` factory; all but the last backward then accumulate locally.
     """
-    from pgrank.data.beir import document_text
-
     cfg = params.train
     device = batch.relevance.device
     gens = query_generators(cfg.seed, epoch, [ex.qid for ex in batch.examples], device)
@@ -108,9 +105,9 @@ def accumulate_gradients(model, batch: Batch, params: Params, *, epoch: int, fro
     with first:
         q = encode(model, [ex.query for ex in batch.examples], task="query", max_length=cfg.max_query_length, **enc)
         if cfg.tower == "query":
-            docs, texts, states = frozen.vectors(batch.unique_ids, device), None, None
+            docs, texts, states = frozen.vectors(batch.unique_rows, device), None, None
         else:
-            texts = [document_text(corpus[d]) for d in batch.unique_ids]
+            texts = corpus.texts(batch.unique_rows)
             docs, states = encode_cached(model, texts, chunk_size=cfg.grad_chunk_size, task="document",
                                          max_length=cfg.max_doc_length, **enc)
         scores = _scores(q, docs, batch.index, cfg.similarity)
@@ -133,32 +130,38 @@ def accumulate_gradients(model, batch: Batch, params: Params, *, epoch: int, fro
 
 
 @torch.no_grad()
-def validate(model, examples: list[Example], qrels, params: Params, *, frozen: FrozenDocuments | None,
-             corpus=None, batch_size: int = 64) -> dict[str, float]:
-    """Rerank the validation candidate sets with ``model`` (sorted by score) and evaluate them."""
-    from pgrank.data.beir import document_text
+def validate(model, examples: TrainingSet, qrels, params: Params, *, frozen: FrozenDocuments | None,
+             corpus=None, world: distributed.World = distributed.World(), batch_size: int = 64) -> dict[str, float]:
+    """Rerank the validation candidate sets with ``model`` (sorted by score) and evaluate them.
 
+    ``qrels`` are keyed by corpus row (:func:`qrels_by_row`), as the candidate sets are. Sharded under
+    DDP: every rank reranks and evaluates its share of the queries (``rank::size``),
+    and the per-query metrics are gathered, so every rank returns the means over all queries, equal
+    to a single process's (tested with two gloo processes).
+    """
     cfg = params.train
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    run = {}
+    per_query: dict[str, dict[str, float]] = {}
+    mine = list(range(world.rank, len(examples), world.size))
     try:
-        for lo in range(0, len(examples), batch_size):
-            batch = make_batch(examples[lo : lo + batch_size], device)
+        for lo in range(0, len(mine), batch_size):
+            batch = make_batch(examples.examples(mine[lo : lo + batch_size]), device)
             q = encode(model, [ex.query for ex in batch.examples], task="query", max_length=cfg.max_query_length, amp=cfg.amp)
             if frozen is not None:
-                docs = frozen.vectors(batch.unique_ids, device)
+                docs = frozen.vectors(batch.unique_rows, device)
             else:
-                texts = [document_text(corpus[d]) for d in batch.unique_ids]
+                texts = corpus.texts(batch.unique_rows)
                 docs = torch.cat([encode(model, texts[i : i + 256], task="document", max_length=cfg.max_doc_length, amp=cfg.amp)
                                   for i in range(0, len(texts), 256)])
             scores = _scores(q, docs, batch.index, cfg.similarity).cpu()
-            for b, ex in enumerate(batch.examples):
-                run[ex.qid] = {d: float(scores[b, j]) for j, d in enumerate(ex.doc_ids)}
+            run = {ex.qid: {str(r): float(scores[b, j]) for j, r in enumerate(ex.rows.tolist())}
+                   for b, ex in enumerate(batch.examples)}
+            per_query.update(evaluate_run({qid: qrels[qid] for qid in run}, run, ks=(1, 3, 5, 10), mrr_k=10)[1])
     finally:
         model.train(was_training)
-    means, _ = evaluate_run({qid: qrels[qid] for qid in run}, run, ks=(1, 3, 5, 10), mrr_k=10)
+    means = mean_metrics(distributed.gather_dicts(per_query, world))
     return {k: means[k] for k in ("ndcg@1", "ndcg@3", "ndcg@5", "ndcg@10", "mrr@10")}
 
 
@@ -166,37 +169,43 @@ def validate(model, examples: list[Example], qrels, params: Params, *, frozen: F
 
 
 def _fingerprint(params: Params, warm_key: str) -> str:
-    blob = json.dumps({"train": params.train.model_dump(mode="json"), "data": params.data.train,
+    train = params.train.model_dump(mode="json", exclude={"ddp_timeout_minutes"})  # how long to wait changes no result
+    blob = json.dumps({"train": train, "data": params.data.train,
                        "validation": [params.data.validation_size, params.data.validation_seed],
                        "warm_start": warm_key}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def _load_split(paths: Paths, dataset: str, split: str, params: Params):
-    from pgrank.data.beir import load_topics
-    from pgrank.data.runs import read_run
-
-    queries, qrels = load_topics(paths, dataset, split)
-    cand_path = paths.candidates(dataset, split)
-    if not cand_path.is_file():
-        raise TrainingError(f"{cand_path}: no candidate sets for {dataset}/{split}; run `pgrank mine --dataset {dataset} --split {split}`")
-    examples = build_examples(queries, qrels, read_run(cand_path))
-    if len(examples) < len(queries):
-        log.warning("%s/%s: %d of %d queries have no candidate set and are skipped", dataset, split,
-                    len(queries) - len(examples), len(queries))
-    if not examples:
-        raise TrainingError(f"{cand_path}: no query of {dataset}/{split} has a candidate set")
-    return examples, qrels
+def qrels_by_row(qrels, corpus) -> dict[str, dict[str, int]]:
+    """Judgments keyed by corpus row (``"17"``) instead of document id, as runs over candidate rows are; a
+    judged document missing from the corpus keeps a key of its own, so the ideal ranking still counts it."""
+    pairs = [(q, d, g) for q, docs in qrels.items() for d, g in docs.items()]
+    rows = corpus.rows(d for _, d, _ in pairs).tolist()
+    out: dict[str, dict[str, int]] = {q: {} for q in qrels}
+    for (q, d, g), r in zip(pairs, rows):
+        out[q][str(r) if r >= 0 else f"missing:{d}"] = g
+    return out
 
 
-def _frozen_documents(params: Params, paths: Paths, ref, dataset: str, corpus_loader) -> FrozenDocuments:
+def _training_set(paths: Paths, dataset: str, split: str, corpus) -> TrainingSet:
+    from pgrank.data.candidate_store import open_candidates
+
+    store = open_candidates(paths, dataset, split)
+    if store.meta.get("corpus_sha256") != corpus.sha256:
+        raise TrainingError(f"{store.folder}: mined from another version of the {dataset} corpus; run `pgrank mine --training`")
+    if not len(store):
+        raise TrainingError(f"{store.folder}: no query of {dataset}/{split} has a candidate set")
+    return TrainingSet(store)
+
+
+def _frozen_documents(params: Params, paths: Paths, ref, corpus) -> FrozenDocuments:
     """The warm start's corpus-embedding artifact (shared with mining when the model and length match)."""
     from pgrank.retrieval.dense.corpus_embeddings import model_corpus_embeddings
 
     cfg = params.train
     return FrozenDocuments(model_corpus_embeddings(
-        ref, params.models, paths, dataset, max_seq_length=cfg.max_doc_length, batch_size=params.mine.batch_size,
-        chunk_size=params.mine.chunk_size, corpus_loader=corpus_loader))
+        ref, params.models, paths, corpus, max_seq_length=cfg.max_doc_length, batch_size=params.mine.batch_size,
+        chunk_size=params.mine.chunk_size))
 
 
 def train(params: Params, paths: Paths, warm_start: str, *, device: str | None = None, progress: bool = True) -> TrainResult:
@@ -210,24 +219,23 @@ def train(params: Params, paths: Paths, warm_start: str, *, device: str | None =
         TrainingError: missing candidates, or a non-finite loss or gradient (the last good
             checkpoint and resumable state are kept).
     """
-    from pgrank.data.beir import load_corpus
+    from pgrank.data.beir import load_topics
+    from pgrank.data.corpus_store import open_corpus
     from pgrank.models.hub import load_encoder, resolve_model
 
     cfg = params.train
     dataset = params.data.train.split("/")[0]
-    world, dev = distributed.setup(device)
+    world, dev = distributed.setup(device, timeout_minutes=cfg.ddp_timeout_minutes)
     ref = resolve_model(warm_start, params.models)
     model_dir, state_dir = paths.model_dir(warm_start), paths.train_state(warm_start)
     fingerprint = _fingerprint(params, ref.key)
 
-    train_examples, _ = _load_split(paths, dataset, CARVED_TRAIN, params)
-    val_examples, val_qrels = _load_split(paths, dataset, VALIDATION, params)
-    corpus = None
-    if cfg.tower == "both":
-        corpus = load_corpus(paths.dataset(dataset), progress=progress and world.is_main)
-        frozen = None
-    else:
-        frozen = _frozen_documents(params, paths, ref, dataset, lambda: load_corpus(paths.dataset(dataset)))
+    # Every rank memory-maps the same corpus and candidate stores: nothing of either is a private copy.
+    corpus = open_corpus(paths, dataset, progress=progress and world.is_main)
+    train_examples = _training_set(paths, dataset, CARVED_TRAIN, corpus)
+    val_examples = _training_set(paths, dataset, VALIDATION, corpus)
+    val_qrels = qrels_by_row(load_topics(paths, dataset, VALIDATION)[1], corpus)
+    frozen = _frozen_documents(params, paths, ref, corpus) if cfg.tower == "query" else None
 
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
@@ -281,14 +289,15 @@ def train(params: Params, paths: Paths, warm_start: str, *, device: str | None =
                 doc_model = document_model()
                 model[0].max_seq_length = cfg.max_query_length
             checkpoints.save_model(model, paths.checkpoint(warm_start, epoch), meta, document_model=doc_model)
-            model[0].max_seq_length = cfg.max_doc_length
+            if cfg.tower == "query":
+                model[0].max_seq_length = cfg.max_doc_length
 
     run_params = {"train": params.train.model_dump(mode="json"), "data.train": params.data.train, "warm_start": ref.key}
     with tracking.stage_run(params, paths, f"train-{warm_start}", log_params=run_params,
                             tags={"stage": "train", "warm_start": warm_start},
                             enabled=world.is_main and params.tracking.enabled, resources=True) as run:
         if state.epoch == 0 and not state.history:
-            metrics = validate(model, val_examples, val_qrels, params, frozen=frozen, corpus=corpus) if world.is_main else {}
+            metrics = validate(model, val_examples, val_qrels, params, frozen=frozen, corpus=corpus, world=world)
             state.history.append({"epoch": 0, **{f"val_{k}": v for k, v in metrics.items()}})
             tracking.log_metrics(run, {f"val_{k}": v for k, v in metrics.items()}, step=0)
             save(0)
@@ -300,7 +309,7 @@ def train(params: Params, paths: Paths, warm_start: str, *, device: str | None =
             sums = {"loss": 0.0, "utility": 0.0}
             for batch_ids in bar:
                 started = time.perf_counter()
-                local = distributed.shard([train_examples[i] for i in batch_ids], world)
+                local = train_examples.examples(distributed.shard(batch_ids, world))
                 stats = accumulate_gradients(model, make_batch(local, dev), params, epoch=epoch, frozen=frozen,
                                              corpus=corpus, forward=forward, no_sync=no_sync)
                 norm = torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip or math.inf)
@@ -324,7 +333,7 @@ def train(params: Params, paths: Paths, warm_start: str, *, device: str | None =
                 rate = len(batch_ids) / max(time.perf_counter() - started, 1e-9)
                 bar.set_postfix(loss=f"{loss:.4f}", utility=f"{utility:.4f}", q_s=f"{rate:.1f}",
                                 rankings_s=f"{rate * cfg.pg.num_samples:.0f}")
-            metrics = validate(model, val_examples, val_qrels, params, frozen=frozen, corpus=corpus) if world.is_main else {}
+            metrics = validate(model, val_examples, val_qrels, params, frozen=frozen, corpus=corpus, world=world)
             row = {"epoch": epoch, "train_loss": sums["loss"] / len(batches), "train_utility": sums["utility"] / len(batches),
                    **{f"val_{k}": v for k, v in metrics.items()}}
             state.history.append(row)

@@ -11,6 +11,8 @@ import pytest
 
 from pgrank.config import load_params
 from pgrank.data.beir import load_corpus, load_topics
+from pgrank.data.candidate_store import open_candidates
+from pgrank.data.corpus_store import open_corpus
 from pgrank.data.runs import read_run
 from pgrank.errors import DataError, PgrankError
 from pgrank.mining.candidate_sets import candidate_set, mine, select_targets
@@ -40,19 +42,36 @@ def write_beir(folder: Path, corpus: dict, queries: dict, qrels: dict, split: st
 # --------------------------------------------------------------------------------------- pure parts
 
 
+IDS = ["d1", "d2", "d3", "d4", "r1", "r2", "r3", "a", "b"]  # a corpus: row -> id
+RANKS = np.argsort(np.argsort(np.array(IDS)))  # id ranks
+
+
+def _set(relevant: dict, retrieved: list, size: int) -> list:
+    row = {d: i for i, d in enumerate(IDS)}
+    rows, scores = candidate_set(np.array([row[d] for d in relevant], dtype=np.int64), np.array(list(relevant.values())),
+                                 np.array([row[d] for d, _ in retrieved], dtype=np.int64),
+                                 np.array([s for _, s in retrieved]), size, RANKS)
+    return [(IDS[r], float(s)) for r, s in zip(rows, scores)]
+
+
 def test_candidate_set_puts_every_relevant_document_in_and_fills_up():
     retrieved = [("d1", 9.0), ("r1", 8.0), ("d2", 7.0), ("d3", 7.0), ("d4", 1.0)]
-    got = candidate_set({"r1": 8.0, "r2": -5.0}, retrieved, size=4)
+    got = _set({"r1": 8.0, "r2": -5.0}, retrieved, size=4)
     assert got == [("d1", 9.0), ("r1", 8.0), ("d2", 7.0), ("r2", -5.0)]
 
 
 def test_candidate_set_keeps_all_relevant_documents_beyond_the_size():
-    got = candidate_set({"r1": 1.0, "r2": 2.0, "r3": 3.0}, [("d1", 9.0)], size=2)
+    got = _set({"r1": 1.0, "r2": 2.0, "r3": 3.0}, [("d1", 9.0)], size=2)
     assert [d for d, _ in got] == ["r3", "r2", "r1"]
 
 
 def test_candidate_set_is_smaller_only_when_retrieval_runs_out():
-    assert len(candidate_set({}, [("a", 1.0), ("b", 0.5)], size=10)) == 2
+    assert len(_set({}, [("a", 1.0), ("b", 0.5)], size=10)) == 2
+
+
+def test_candidate_set_breaks_score_ties_by_id():
+    assert _set({"r2": 1.0}, [("d3", 1.0), ("b", 1.0), ("d1", 2.0)], size=4) == [
+        ("d1", 2.0), ("b", 1.0), ("d3", 1.0), ("r2", 1.0)]
 
 
 def test_select_targets(tmp_path):
@@ -99,7 +118,7 @@ def test_mining_a_small_dataset(toy, source, tiny_model_dir):
                                 "mine.chunk_size=7", "mine.max_seq_length=32")
     result = mine(params, paths, "toy", "test", progress=False)
     sets = read_run(paths.candidates("toy", "test"))
-    assert result.path == paths.candidates("toy", "test") and result.source == source
+    assert result.path == paths.candidate_store("toy", "test") and result.source == source
     assert sorted(sets) == ["q1", "q2", "q3"]
     assert {d for d in sets["q1"]} >= {"d01", "d02", "d28"} and len(sets["q1"]) == 4
     assert set(sets["q2"]) == {"d00", "d03", "d05", "d07", "d09"}  # all relevant, nothing else
@@ -109,6 +128,14 @@ def test_mining_a_small_dataset(toy, source, tiny_model_dir):
     for docs in sets.values():  # file order: score descending, then id ascending
         items = list(docs.items())
         assert items == sorted(items, key=lambda x: (-x[1], x[0]))
+    # the store holds the same sets, by corpus row, with their grades
+    store, corpus = open_candidates(paths, "toy", "test"), open_corpus(paths, "toy")
+    assert list(store.qids) == sorted(sets) and store.pairs == sum(map(len, sets.values()))
+    for i, qid in enumerate(store.qids):
+        rows, grades = store.candidates(i)
+        assert corpus.ids.take(rows) == list(sets[qid])
+        assert grades.tolist() == [TOY_QRELS[qid].get(d, 0) for d in sets[qid]]
+        assert store.queries[i] == TOY_QUERIES[qid]
 
 
 def test_dense_scores_of_relevant_documents_ranked_low_are_their_real_scores(toy, tiny_model_dir):
@@ -118,15 +145,17 @@ def test_dense_scores_of_relevant_documents_ranked_low_are_their_real_scores(toy
 
     params, paths = make_params(toy, "mine.source=dense", f"mine.model={tiny_model_dir}", "mine.candidates=3",
                                 "mine.chunk_size=7", "mine.max_seq_length=32")
-    sets = read_run(mine(params, paths, "toy", "test", progress=False).path)
+    mine(params, paths, "toy", "test", progress=False)
+    sets = read_run(paths.candidates("toy", "test"))
     emb = open_corpus_embeddings(next((toy / "embeddings").iterdir()))
     assert emb.meta["model"] == resolve_model(str(tiny_model_dir), params.models).key
     model = load_encoder(str(tiny_model_dir), params.models, device="cpu", max_seq_length=32)
     qids, q = encode_queries(model, TOY_QUERIES, batch_size=4)
     full = np.concatenate([b for _, b in emb.blocks()]) @ q.T  # (N, Q)
+    ids = list(open_corpus(paths, "toy").ids)
     for j, qid in enumerate(qids):
         for doc, score in sets[qid].items():
-            assert score == pytest.approx(full[emb.doc_ids.index(doc), j], abs=1e-4)
+            assert score == pytest.approx(full[ids.index(doc), j], abs=1e-4)
 
 
 def test_published_source(toy):
@@ -136,9 +165,10 @@ def test_published_source(toy):
     (published / "toy_candidate-set_gtrxl+gt_1000_test.json").write_text(json.dumps(records))
     params, paths = make_params(toy, "mine.source=published", f"mine.published_dir={published}")
     result = mine(params, paths, "toy", "test", progress=False)
-    sets = read_run(result.path)
+    sets = read_run(paths.candidates("toy", "test"))
     assert list(sets["q1"]) == ["d01", "d05", "d02"] and list(sets["q3"]) == ["d11"]
-    assert result.path.read_text().splitlines()[0].endswith("pgrank-published")
+    assert paths.candidates("toy", "test").read_text().splitlines()[0].endswith("pgrank-published")
+    assert open_candidates(paths, "toy", "test").pairs == 4
     # q1: d28 and 'gone' are not in the published set; q2 has no set; q3's d10 is missing.
     assert result.relevant == 2 and result.relevant_missing == 8
     with pytest.raises(DataError, match="dev and test splits only"):
@@ -162,6 +192,7 @@ def test_cli_mine(toy):
     assert out.exit_code == 0, out.output
     assert "toy/test: 3 queries x 4-5 candidates (bm25)" in out.output
     assert (toy / "runs" / "candidates" / "toy" / "test.trec").is_file()
+    assert (toy / "runs" / "candidates" / "toy" / "test" / "meta.json").is_file()
 
 
 # --------------------------------------------------------------------------------------- real data
@@ -185,11 +216,11 @@ def ndcg10(qrels, run) -> float:
 
 @pytest.mark.integration
 def test_bm25_mining_on_scifact_test(scifact):
-    from pgrank.retrieval.bm25.index import bm25_search, build_bm25
+    from pgrank.retrieval.bm25.index import bm25_index
 
     params, paths = make_params(scifact, "mine.source=bm25", "mine.candidates=1000")
     result = mine(params, paths, "scifact", "test", progress=False)
-    sets = read_run(result.path)
+    sets = read_run(paths.candidates("scifact", "test"))
     queries, qrels = load_topics(paths, "scifact", "test")
     assert sorted(sets) == sorted(qrels) and len(sets) == 300
     assert all(len(docs) == 1000 for docs in sets.values())
@@ -198,10 +229,11 @@ def test_bm25_mining_on_scifact_test(scifact):
 
     # First-stage quality of BM25 itself (its own top 10, before relevant documents are added)
     # against Anserini's flat BM25 on scifact (shared README): 0.679.
-    index = build_bm25(load_corpus(paths.dataset("scifact"), progress=False), params.mine.bm25)
+    corpus = open_corpus(paths, "scifact")
+    index = bm25_index(paths, "scifact", params.mine.bm25)
     qids = list(queries)
-    scores, rows = bm25_search(index, [queries[q] for q in qids], k=10)
-    own = {q: {index.doc_ids[r]: float(s) for s, r in zip(scores[i], rows[i])} for i, q in enumerate(qids)}
+    scores, rows = index.search(index.token_ids([queries[q] for q in qids]), k=10)
+    own = {q: {corpus.ids[r]: float(s) for s, r in zip(scores[i], rows[i])} for i, q in enumerate(qids)}
     assert abs(ndcg10(qrels, own) - 0.679) <= 0.015
     # ... and the top of the candidate file (rank order) is exactly that top 10.
     assert all(list(sets[q])[:10] == list(own[q]) for q in qids)
@@ -223,8 +255,8 @@ def test_dense_mining_with_real_minilm_on_a_scifact_slice(scifact, tmp_path, mon
 
     params, paths = make_params(tmp_path, "mine.source=dense", "mine.model=minilm", "mine.candidates=50",
                                 "mine.chunk_size=128", "mine.max_seq_length=128", "mine.batch_size=32")
-    result = mine(params, paths, "slice", "test", progress=False)
-    sets = read_run(result.path)
+    mine(params, paths, "slice", "test", progress=False)
+    sets = read_run(paths.candidates("slice", "test"))
     assert len(sets) == 20 and all(len(docs) == 50 for docs in sets.values())
     assert all(set(qrels[q]) <= set(sets[q]) for q in qids)
     artifact = next((tmp_path / "embeddings").iterdir())
@@ -236,5 +268,27 @@ def test_dense_mining_with_real_minilm_on_a_scifact_slice(scifact, tmp_path, mon
 
     # A second run reuses the corpus embeddings: no document is encoded again.
     monkeypatch.setattr(embeddings, "encode_documents", lambda *a, **k: pytest.fail("re-encoded the corpus"))
-    again = mine(params, paths, "slice", "test", progress=False)
-    assert read_run(again.path) == sets
+    mine(params, paths, "slice", "test", progress=False)
+    assert read_run(paths.candidates("slice", "test")) == sets
+
+
+def test_training_splits_get_a_trec_run_only_on_request(tmp_path, tiny_model_dir):
+    """The carved training splits' candidate sets are a store (what training reads); their TREC run (MS
+    MARCO: 5x10^8 lines) is written only with mine.training_runs, and a stale one goes."""
+    from toy_project import make_project
+
+    from pgrank.mining.candidate_sets import mine_splits, training_targets
+
+    params, paths = make_project(tmp_path, tiny_model_dir, overrides={"mine.source": "bm25", "mine.candidates": 5})
+    assert paths.candidates("toy", "train-pg").is_file()  # left by the toy project
+    results = mine_splits(params, paths, training_targets(params), progress=False)
+    assert [r.path for r in results] == [paths.candidate_store("toy", s) for s in ("train-pg", "validation")]
+    assert not paths.candidates("toy", "train-pg").exists() and not paths.candidates("toy", "validation").exists()
+    assert open_candidates(paths, "toy", "train-pg").pairs == 5 * results[0].queries
+    params, paths = make_project(tmp_path, tiny_model_dir, overrides={"mine.source": "bm25", "mine.candidates": 5,
+                                                                        "mine.training_runs": True})
+    mine_splits(params, paths, training_targets(params), progress=False)
+    run = read_run(paths.candidates("toy", "train-pg"))
+    store, corpus = open_candidates(paths, "toy", "train-pg"), open_corpus(paths, "toy")
+    assert list(run) == list(store.qids)
+    assert all(list(run[q]) == corpus.ids.take(store.candidates(i)[0]) for i, q in enumerate(store.qids))

@@ -45,7 +45,7 @@ def test_document_text_follows_beir():
 
 def test_artifact_layout_and_reader(tmp_path, tiny):
     emb = build(tmp_path / "emb", tiny)
-    assert emb.doc_ids == list(CORPUS) and emb.dim == 32 and emb.num_shards == 3
+    assert emb.num_docs == len(CORPUS) and emb.dim == 32 and emb.num_shards == 3
     shards = sorted(p.name for p in (tmp_path / "emb").glob("shard-*.npy"))
     assert shards == ["shard-00000.npy", "shard-00001.npy", "shard-00002.npy"]
     assert emb.shard(2).dtype == np.float16 and emb.shard(2).shape == (13, 32)
@@ -147,3 +147,43 @@ def test_multi_process_pool_path(tmp_path, tiny, monkeypatch):
     monkeypatch.setattr(embeddings, "encoding_devices", lambda: ["cpu", "cpu"])
     emb = build(tmp_path / "pool", tiny)
     np.testing.assert_allclose(np.concatenate([b for _, b in emb.blocks()]), reference, atol=2e-3)
+
+
+def _corpus_store(tmp_path):
+    from pgrank.data.corpus_store import build_corpus_store
+
+    (tmp_path / "c").mkdir()
+    path = tmp_path / "c" / "corpus.jsonl"
+    path.write_text("".join(json.dumps({"_id": d, **v}) + "\n" for d, v in CORPUS.items()))
+    return build_corpus_store(path, tmp_path / "store", dataset="c", corpus_sha256="ab" * 32)
+
+
+def test_the_artifact_reads_the_corpus_store_shard_by_shard(tmp_path, tiny):
+    from_dict = np.concatenate([b for _, b in build(tmp_path / "dict", tiny).blocks()])
+    store = _corpus_store(tmp_path)
+    emb = build_corpus_embeddings(lambda: tiny, "tiny", store, tmp_path / "store-emb", corpus_sha256=store.sha256,
+                                  max_seq_length=64, batch_size=8, chunk_size=16, show_progress=False)
+    np.testing.assert_array_equal(np.concatenate([b for _, b in emb.blocks()]), from_dict)
+
+
+def test_subset_embeddings_encode_only_the_rows_asked_for(tmp_path, tiny, monkeypatch):
+    """A rerank-only system encodes the documents of its candidate sets, each once, not the corpus."""
+    from pgrank.retrieval.dense.corpus_embeddings import SubsetEmbeddings
+
+    full = np.concatenate([b for _, b in build(tmp_path / "ref", tiny).blocks()])
+    store = _corpus_store(tmp_path)
+    encoded = []
+    real = embeddings.encode_documents
+    monkeypatch.setattr(embeddings, "encode_documents", lambda m, texts, **kw: encoded.extend(texts) or real(m, texts, **kw))
+    rows = np.array([40, 3, 17, 3, 40, 8])
+    subset = SubsetEmbeddings(tiny, store, rows, tmp_path / "scratch", batch_size=8, chunk_size=2)
+    assert len(subset) == 4 and sorted(encoded) == sorted(store.texts([3, 8, 17, 40]))
+    np.testing.assert_allclose(subset.vectors(np.array([17, 40, 3])), full[[17, 40, 3]], atol=2e-3)
+    with pytest.raises(KeyError):
+        subset.vectors(np.array([5]))
+    scratch = next((tmp_path / "scratch").iterdir())
+    del subset
+    import gc
+
+    gc.collect()
+    assert not scratch.exists()  # the temporary vectors go with the object

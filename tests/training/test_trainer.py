@@ -28,13 +28,12 @@ def _tiny(path, eval_mode=True):
 
 
 def _toy_batch(params, paths, split="train-pg", size=4):
-    from pgrank.data.beir import load_corpus, load_topics
-    from pgrank.data.runs import read_run
-    from pgrank.training.batches import build_examples
+    from pgrank.data.candidate_store import open_candidates
+    from pgrank.data.corpus_store import open_corpus
+    from pgrank.training.batches import TrainingSet
 
-    queries, qrels = load_topics(paths, "toy", split)
-    examples = build_examples(queries, qrels, read_run(paths.candidates("toy", split)))[:size]
-    return examples, load_corpus(paths.dataset("toy"), progress=False)
+    examples = TrainingSet(open_candidates(paths, "toy", split)).examples(range(size))
+    return examples, open_corpus(paths, "toy")
 
 
 def _grads(model):
@@ -49,12 +48,11 @@ def test_cached_gradient_chunking_equals_full_backprop(tmp_path, tiny_model_dir)
     accumulate_gradients(cached, batch, params, epoch=1, frozen=None, corpus=corpus)
 
     plain = _tiny(tiny_model_dir)
-    from pgrank.data.beir import document_text
     from pgrank.training.trainer import _scores
 
     cfg = params.train
     q = encode(plain, [e.query for e in examples], task="query", max_length=cfg.max_query_length)
-    d = encode(plain, [document_text(corpus[x]) for x in batch.unique_ids], task="document", max_length=cfg.max_doc_length)
+    d = encode(plain, corpus.texts(batch.unique_rows), task="document", max_length=cfg.max_doc_length)
     pg = cfg.pg
     policy_gradient(
         _scores(q, d, batch.index, cfg.similarity), batch.relevance, batch.mask, num_samples=pg.num_samples,
@@ -197,8 +195,7 @@ def _ddp_worker(rank, world, port, model_dir, project_dir, tower, out):
         from pgrank.models.hub import resolve_model
         from pgrank.training.trainer import _frozen_documents
 
-        frozen = _frozen_documents(params, paths, resolve_model(str(model_dir), params.models), "toy",
-                                   lambda: corpus)
+        frozen = _frozen_documents(params, paths, resolve_model(str(model_dir), params.models), corpus)
     local = distributed.shard(examples, w)
     accumulate_gradients(model, make_batch(local), params, epoch=1, frozen=frozen, corpus=corpus,
                          forward=wrapped, no_sync=distributed.no_sync(wrapped))
@@ -227,7 +224,7 @@ def test_ddp_average_gradient_equals_single_process(tmp_path, tiny_model_dir, to
         from pgrank.models.hub import resolve_model
         from pgrank.training.trainer import _frozen_documents
 
-        frozen = _frozen_documents(params, paths, resolve_model(str(tiny_model_dir), params.models), "toy", lambda: corpus)
+        frozen = _frozen_documents(params, paths, resolve_model(str(tiny_model_dir), params.models), corpus)
     accumulate_gradients(model, make_batch(examples), params, epoch=1, frozen=frozen, corpus=corpus)
     single, ddp = _grads(model), torch.load(out)
     assert single.keys() == ddp.keys() and len(single) > 10
@@ -236,6 +233,55 @@ def test_ddp_average_gradient_equals_single_process(tmp_path, tiny_model_dir, to
         # half batches. A missing all-reduce (rank 0's own gradient) is off by O(1).
         scale = single[name].abs().max().item()
         assert (single[name] - ddp[name]).abs().max().item() <= 1e-3 * scale + 1e-8, name
+
+
+def _validation(params, paths, model_dir, world):
+    from pgrank.data.beir import load_topics
+    from pgrank.data.corpus_store import open_corpus
+    from pgrank.training.trainer import _training_set, qrels_by_row, validate
+
+    corpus = open_corpus(paths, "toy")
+    examples = _training_set(paths, "toy", "validation", corpus)
+    qrels = qrels_by_row(load_topics(paths, "toy", "validation")[1], corpus)
+    return validate(_tiny(model_dir), examples, qrels, params, frozen=None, corpus=corpus, world=world, batch_size=2)
+
+
+def _validation_worker(rank, world, port, model_dir, project_dir, out):
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    from pgrank.training import distributed
+
+    import pgrank.training.trainer as trainer
+
+    w, _ = distributed.setup("cpu", timeout_minutes=5)
+    params, paths = make_project(Path(project_dir) / f"rank{rank}", Path(model_dir), overrides={"train.tower": "both"})
+    queries = []
+    real = trainer.encode
+    trainer.encode = lambda m, texts, task, **kw: (queries.extend(texts) if task == "query" else None) or real(m, texts, task=task, **kw)
+    metrics = _validation(params, paths, model_dir, w)
+    torch.save({"metrics": metrics, "queries": queries}, f"{out}.{rank}")
+    distributed.teardown(w)
+
+
+def test_sharded_validation_equals_the_single_process_result(tmp_path, tiny_model_dir):
+    """Two gloo ranks each rerank half of the validation queries; both return the means over all of them."""
+    import torch.multiprocessing as mp
+
+    from pgrank.training.distributed import World
+
+    out = tmp_path / "val.pt"
+    mp.spawn(_validation_worker, args=(2, _free_port(), str(tiny_model_dir), str(tmp_path), str(out)), nprocs=2, join=True)
+    params, paths = make_project(tmp_path / "single", tiny_model_dir, overrides={"train.tower": "both"})
+    single = _validation(params, paths, tiny_model_dir, World())
+    assert 0 < single["ndcg@10"] < 1
+    encoded = []
+    for rank in (0, 1):
+        saved = torch.load(f"{out}.{rank}")
+        sharded = saved["metrics"]
+        assert sharded.keys() == single.keys()
+        assert all(abs(sharded[k] - single[k]) < 1e-9 for k in single), (rank, sharded, single)
+        encoded.append(saved["queries"])
+    assert len(encoded[0]) == len(encoded[1]) == params.data.validation_size // 2  # each rank did half the work
+    assert not set(encoded[0]) & set(encoded[1])
 
 
 def test_mlflow_receives_the_run(tmp_path, tiny_model_dir, monkeypatch):
@@ -270,7 +316,7 @@ def test_short_real_run_on_a_scifact_slice_raises_training_utility(tmp_path, bei
     from pgrank.mining.candidate_sets import mine
     from pgrank.models.hub import resolve_model
     from pgrank.paths import Paths
-    from pgrank.training.trainer import _frozen_documents, _load_split, validate
+    from pgrank.training.trainer import _frozen_documents, _training_set, qrels_by_row, validate
 
     mirror = sliced_scifact_mirror(beir_mirror / "scifact.zip", tmp_path / "mirror", train=60, test=5, extra=100)
     root = Path(__file__).resolve().parents[2]
@@ -290,8 +336,13 @@ def test_short_real_run_on_a_scifact_slice_raises_training_utility(tmp_path, bei
         mine(params, paths, "scifact", split, progress=False)
     result = train(params, paths, "minilm", device="cpu", progress=False)
 
-    examples, qrels = _load_split(paths, "scifact", "train-pg", params)
-    frozen = _frozen_documents(params, paths, resolve_model("minilm", params.models), "scifact", lambda: None)
+    from pgrank.data.beir import load_topics
+    from pgrank.data.corpus_store import open_corpus
+
+    corpus = open_corpus(paths, "scifact")
+    examples = _training_set(paths, "scifact", "train-pg", corpus)
+    qrels = qrels_by_row(load_topics(paths, "scifact", "train-pg")[1], corpus)
+    frozen = _frozen_documents(params, paths, resolve_model("minilm", params.models), corpus)
     before = validate(load_encoder("minilm", params.models, device="cpu"), examples, qrels, params, frozen=frozen)
     from sentence_transformers import SentenceTransformer
 

@@ -4,15 +4,16 @@ Mining and first-stage evaluation both need every document of a corpus encoded; 
 is 8.8M documents, hours on a GPU, and 13.5 GB at float16. So the embeddings are an artifact of
 their own, at ``Paths.corpus_embeddings(model key, max_seq_length, corpus sha256)``::
 
-    doc_ids.json        the document ids, in row order (the corpus file's order)
-    plan.json           what is being encoded (model, length, checksum, shard size): guards a resume
+    plan.json           what is being encoded (model, length, checksum, documents, shard size): guards a resume
     shard-00000.npy     float16 (chunk_size, dim) rows, one file per chunk, each written atomically
     ...
     meta.json           written last: its presence means the artifact is complete
 
 Encoding goes shard by shard, so an interruption loses at most the shard in flight: the next run
 finds the finished shards (same plan, right shape) and encodes only the rest. Readers open the
-shards memory-mapped and hand them out one block at a time as float32.
+shards memory-mapped and hand them out one block at a time as float32. Rows are the rows of the corpus
+store (:mod:`pgrank.data.corpus_store`: the corpus file's order), whose ids and id lookup go with them;
+the texts of each shard are read from the store when the shard is encoded, so no stage holds the corpus.
 
 Document text follows BEIR (``DenseRetrievalExactSearch`` / ``SentenceBERT.encode_corpus``):
 ``(title + " " + text).strip()``. Models are applied as saved: a model whose pipeline ends in a
@@ -20,7 +21,7 @@ Document text follows BEIR (``DenseRetrievalExactSearch`` / ``SentenceBERT.encod
 model (msmarco-distilbert-dot-v5) gives dot scores.
 
 Example:
-    >>> emb = build_corpus_embeddings(lambda: load_encoder(ref, models), ref.key, corpus, folder,
+    >>> emb = build_corpus_embeddings(lambda: load_encoder(ref, models), ref.key, store, folder,
     ...                               corpus_sha256=sha, max_seq_length=512, batch_size=128,
     ...                               chunk_size=65536)
     >>> for start, block in emb.blocks():   # float32 (rows, dim), one shard at a time
@@ -41,6 +42,7 @@ from tqdm.auto import tqdm
 
 from pgrank.atomic import atomic_path, write_json
 from pgrank.data.beir import document_text
+from pgrank.data.corpus_store import CorpusStore
 from pgrank.errors import DataError
 from pgrank.retrieval.dense.encoding import encode_documents, encoding_devices
 
@@ -62,21 +64,21 @@ class CorpusEmbeddings:
 
     Attributes:
         folder: the artifact folder.
-        doc_ids: document ids in row order.
+        num_docs: rows (documents, in corpus-store row order).
         dim: embedding dimension.
         chunk_size: rows per shard (the last shard may be shorter).
         meta: the artifact's ``meta.json``.
     """
 
     folder: Path
-    doc_ids: list[str]
+    num_docs: int
     dim: int
     chunk_size: int
     meta: dict
 
     @property
     def num_shards(self) -> int:
-        return -(-len(self.doc_ids) // self.chunk_size)
+        return -(-self.num_docs // self.chunk_size)
 
     def shard(self, i: int) -> np.ndarray:
         """Shard ``i`` as a read-only float16 memory map."""
@@ -96,8 +98,8 @@ class CorpusEmbeddings:
         Only one block is materialized at a time; ``rows`` larger than a shard joins shards.
         """
         step = rows or self.chunk_size
-        for lo in range(0, len(self.doc_ids), step):
-            yield lo, self.rows(lo, min(lo + step, len(self.doc_ids)))
+        for lo in range(0, self.num_docs, step):
+            yield lo, self.rows(lo, min(lo + step, self.num_docs))
 
     def vectors(self, rows: np.ndarray) -> np.ndarray:
         """float32 embeddings of the given corpus rows ``(n, dim)``, read from the memory maps."""
@@ -123,10 +125,7 @@ def open_corpus_embeddings(folder: str | Path) -> CorpusEmbeddings:
     meta = json.loads(meta_path.read_text(encoding="utf-8"))
     if meta.get("format") != FORMAT:
         raise DataError(f"{meta_path}: format {meta.get('format')!r}, expected {FORMAT!r}")
-    doc_ids = json.loads((folder / "doc_ids.json").read_text(encoding="utf-8"))
-    if len(doc_ids) != meta["num_docs"]:
-        raise DataError(f"{folder / 'doc_ids.json'}: {len(doc_ids)} ids, meta.json says {meta['num_docs']}")
-    return CorpusEmbeddings(folder, doc_ids, int(meta["dim"]), int(meta["chunk_size"]), meta)
+    return CorpusEmbeddings(folder, int(meta["num_docs"]), int(meta["dim"]), int(meta["chunk_size"]), meta)
 
 
 def _shard_done(path: Path, rows: int, dim: int | None) -> bool:
@@ -139,24 +138,31 @@ def _shard_done(path: Path, rows: int, dim: int | None) -> bool:
     return arr.dtype == np.float16 and arr.shape[0] == rows and (dim is None or arr.shape[1] == dim)
 
 
-def _start_or_resume(folder: Path, plan: dict, doc_ids: list[str]) -> None:
-    """Write the plan and ids, or keep a partial artifact that has exactly the same ones."""
-    plan_path, ids_path = folder / "plan.json", folder / "doc_ids.json"
-    if plan_path.is_file() and ids_path.is_file():
-        same_plan = json.loads(plan_path.read_text(encoding="utf-8")) == plan
-        if same_plan and json.loads(ids_path.read_text(encoding="utf-8")) == doc_ids:
+def _start_or_resume(folder: Path, plan: dict) -> None:
+    """Write the plan, or keep a partial artifact that has exactly the same one (the plan names the
+    corpus by its checksum and size, so the same plan means the same rows)."""
+    plan_path = folder / "plan.json"
+    if plan_path.is_file():
+        if json.loads(plan_path.read_text(encoding="utf-8")) == plan:
             return
         log.warning("%s: partial artifact from a different plan or corpus; starting over", folder)
     for stale in folder.glob("shard-*.npy"):
         stale.unlink()
-    write_json(ids_path, doc_ids)
     write_json(plan_path, plan)
+
+
+def row_texts(corpus: CorpusStore | Mapping[str, Mapping[str, str]]) -> tuple[int, Callable[[int, int], list[str]]]:
+    """``(number of rows, texts(lo, hi))`` of a corpus store, or of a small in-memory BEIR corpus (tests)."""
+    if isinstance(corpus, CorpusStore):
+        return len(corpus), lambda lo, hi: next(corpus.text_blocks(lo, hi, block=hi - lo))[1]
+    ids = list(corpus)
+    return len(ids), lambda lo, hi: [document_text(corpus[d]) for d in ids[lo:hi]]
 
 
 def build_corpus_embeddings(
     load_model: Callable[[], "SentenceTransformer"],
     model_key: str,
-    corpus: Mapping[str, Mapping[str, str]],
+    corpus: CorpusStore | Mapping[str, Mapping[str, str]],
     folder: str | Path,
     *,
     corpus_sha256: str,
@@ -170,7 +176,7 @@ def build_corpus_embeddings(
     Args:
         load_model: returns the encoder; called only when some shard still has to be encoded.
         model_key: the model's identity (:attr:`pgrank.models.hub.ModelRef.key`), recorded in the plan.
-        corpus: BEIR corpus ``{doc_id: {"title", "text"}}``; rows follow its order.
+        corpus: the corpus store (rows in its order), or a small BEIR corpus dict (rows in its order).
         folder: the artifact folder (``Paths.corpus_embeddings(...)``).
         corpus_sha256: the corpus checksum the folder is keyed by, recorded in the plan.
         max_seq_length: the truncation length the folder is keyed by, recorded in the plan.
@@ -185,16 +191,16 @@ def build_corpus_embeddings(
     folder = Path(folder)
     if (folder / "meta.json").is_file():
         return open_corpus_embeddings(folder)
-    if not corpus:
+    num_docs, texts = row_texts(corpus)
+    if not num_docs:
         raise DataError("cannot embed an empty corpus")
     folder.mkdir(parents=True, exist_ok=True)
-    doc_ids = list(corpus)
     plan = {"model": model_key, "max_seq_length": max_seq_length, "corpus_sha256": corpus_sha256,
-            "num_docs": len(doc_ids), "chunk_size": chunk_size, "text": "(title + ' ' + text).strip()"}
-    _start_or_resume(folder, plan, doc_ids)
+            "num_docs": num_docs, "chunk_size": chunk_size, "text": "(title + ' ' + text).strip()"}
+    _start_or_resume(folder, plan)
 
-    num_shards = -(-len(doc_ids) // chunk_size)
-    rows_of = [min(chunk_size, len(doc_ids) - i * chunk_size) for i in range(num_shards)]
+    num_shards = -(-num_docs // chunk_size)
+    rows_of = [min(chunk_size, num_docs - i * chunk_size) for i in range(num_shards)]
     dim = None
     todo = []
     for i in range(num_shards):
@@ -204,7 +210,7 @@ def build_corpus_embeddings(
             todo.append(i)
     if todo:
         log.info("%s: %d of %d shards to encode", folder, len(todo), num_shards)
-    bar = tqdm(total=len(doc_ids), initial=len(doc_ids) - sum(rows_of[i] for i in todo), unit="doc",
+    bar = tqdm(total=num_docs, initial=num_docs - sum(rows_of[i] for i in todo), unit="doc",
                desc="Encoding corpus", disable=not show_progress or not todo, smoothing=0.05)
     pool = model = home = None
     try:
@@ -215,14 +221,14 @@ def build_corpus_embeddings(
                 if devices:
                     home = model.device  # the pool moves the model to CPU; it goes back afterwards
                     pool = model.start_multi_process_pool(devices)
-            ids = doc_ids[i * chunk_size : i * chunk_size + rows_of[i]]
-            emb = encode_documents(model, [document_text(corpus[d]) for d in ids], batch_size=batch_size, pool=pool)
+            lo = i * chunk_size
+            emb = encode_documents(model, texts(lo, lo + rows_of[i]), batch_size=batch_size, pool=pool)
             if dim is not None and emb.shape[1] != dim:
                 raise DataError(f"{folder}: shard {i} has dimension {emb.shape[1]}, earlier shards {dim}")
             dim = emb.shape[1]
             with atomic_path(_shard_path(folder, i)) as tmp, open(tmp, "wb") as fh:
                 np.save(fh, emb.astype(np.float16))
-            bar.update(len(ids))
+            bar.update(rows_of[i])
     finally:
         bar.close()
         if pool is not None:
@@ -238,32 +244,73 @@ def model_corpus_embeddings(
     ref,
     models,
     paths,
-    dataset: str,
+    store: CorpusStore,
     *,
     max_seq_length: int,
     batch_size: int,
     chunk_size: int,
-    corpus_loader: Callable[[], Mapping[str, Mapping[str, str]]],
     load_model: Callable[[], "SentenceTransformer"] | None = None,
     show_progress: bool = True,
 ) -> CorpusEmbeddings:
-    """The artifact of model ``ref`` over ``dataset``'s corpus, built on first use (mining, training and
-    evaluation all come here, so one (model, length, corpus) is encoded once).
+    """The artifact of model ``ref`` over a corpus, built on first use (mining, training and evaluation
+    all come here, so one (model, length, corpus) is encoded once).
 
     Args:
         ref: a :class:`pgrank.models.hub.ModelRef`; ``models``: the ``models`` params section;
             ``paths``: :class:`pgrank.paths.Paths`.
-        corpus_loader: returns the corpus; called only when something must still be encoded.
+        store: the dataset's corpus store (:func:`pgrank.data.corpus_store.open_corpus`).
         load_model: returns the encoder (default: :func:`pgrank.models.hub.load_encoder` of ``ref``).
     """
-    from pgrank.data.checksums import corpus_sha256
     from pgrank.models.hub import load_encoder
 
-    sha = corpus_sha256(paths.dataset(dataset))
+    sha = store.sha256
     folder = paths.corpus_embeddings(ref.key, max_seq_length, sha)
     if (folder / "meta.json").is_file():
         return open_corpus_embeddings(folder)
     loader = load_model or (lambda: load_encoder(ref, models, max_seq_length=max_seq_length))
-    return build_corpus_embeddings(loader, ref.key, corpus_loader(), folder, corpus_sha256=sha,
+    return build_corpus_embeddings(loader, ref.key, store, folder, corpus_sha256=sha,
                                    max_seq_length=max_seq_length, batch_size=batch_size, chunk_size=chunk_size,
                                    show_progress=show_progress)
+
+
+class SubsetEmbeddings:
+    """Embeddings of some corpus rows only: a rerank-only system (an epoch-ablation checkpoint) needs the
+    documents of its candidate sets, not the whole corpus. They are encoded once, in chunks, into a
+    float16 memory map in a temporary folder that lives as long as this object.
+
+    Args:
+        rows: the corpus rows to encode (any order; duplicates are encoded once).
+    """
+
+    def __init__(self, model, store: CorpusStore, rows: np.ndarray, scratch: str | Path, *, batch_size: int,
+                 chunk_size: int, show_progress: bool = False):
+        import tempfile
+        import weakref
+
+        self.rows = np.unique(np.asarray(rows, dtype=np.int64))
+        Path(scratch).mkdir(parents=True, exist_ok=True)
+        self._tmp = tempfile.TemporaryDirectory(prefix=".subset-", dir=scratch)
+        weakref.finalize(self, self._tmp.cleanup)
+        self._vectors = None
+        bar = tqdm(total=len(self.rows), unit="doc", desc="Encoding candidates", disable=not show_progress)
+        for lo in range(0, len(self.rows), chunk_size):
+            part = self.rows[lo : lo + chunk_size]
+            emb = encode_documents(model, store.texts(part), batch_size=batch_size)
+            if self._vectors is None:
+                self._vectors = np.lib.format.open_memmap(Path(self._tmp.name) / "vectors.npy", mode="w+",
+                                                          dtype=np.float16, shape=(len(self.rows), emb.shape[1]))
+            self._vectors[lo : lo + len(part)] = emb.astype(np.float16)
+            bar.update(len(part))
+        bar.close()
+        self.dim = 0 if self._vectors is None else self._vectors.shape[1]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def vectors(self, rows: np.ndarray) -> np.ndarray:
+        """float32 embeddings of the given corpus rows (each must be one of the encoded rows)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        at = np.searchsorted(self.rows, rows)
+        if len(rows) and (at.max() >= len(self.rows) or not np.array_equal(self.rows[at], rows)):
+            raise KeyError("rows outside the encoded subset")
+        return np.asarray(self._vectors[at], dtype=np.float32)

@@ -16,7 +16,6 @@ Example:
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -61,41 +60,60 @@ def _normalize(x: np.ndarray) -> np.ndarray:
 
 
 class DenseRetriever:
-    """Exact inner-product (or cosine) search of one dataset's corpus with one :class:`DenseSystem`."""
+    """Exact inner-product (or cosine) search of one dataset's corpus with one :class:`DenseSystem`.
+
+    Documents come from the document model's corpus-embedding artifact, built on first use; or, for a
+    rerank-only evaluation (``candidates``: the corpus rows of the candidate sets) of a model whose
+    artifact does not exist yet (an epoch-ablation checkpoint of ``tower: both``), from those rows
+    alone, encoded once (:class:`pgrank.retrieval.dense.corpus_embeddings.SubsetEmbeddings`).
+    """
 
     def __init__(self, params: Params, paths: Paths, system: DenseSystem, dataset: str, *,
-                 max_seq_length: int, batch_size: int, progress: bool = False):
-        from pgrank.data.beir import load_corpus
+                 max_seq_length: int, batch_size: int, progress: bool = False, candidates: np.ndarray | None = None):
+        from pgrank.data.corpus_store import open_corpus
         from pgrank.models.hub import resolve_model
-        from pgrank.retrieval.dense.corpus_embeddings import model_corpus_embeddings
+        from pgrank.retrieval.dense.corpus_embeddings import (
+            SubsetEmbeddings,
+            model_corpus_embeddings,
+        )
 
         self.params, self.system = params, system
         self.max_seq_length, self.batch_size, self.progress = max_seq_length, batch_size, progress
+        self._query_model = None
+        self.store = open_corpus(paths, dataset, progress=progress)
+        self.doc_ids = self.store.ids
         document_ref = resolve_model(system.document_model, params.models)
-        self.emb = model_corpus_embeddings(
-            document_ref, params.models, paths, dataset, max_seq_length=max_seq_length, batch_size=batch_size,
-            chunk_size=params.mine.chunk_size, corpus_loader=lambda: load_corpus(paths.dataset(dataset), progress=progress),
-            load_model=self._model if system.query_model == system.document_model else None, show_progress=progress)
-        self.doc_ids = self.emb.doc_ids
+        artifact = paths.corpus_embeddings(document_ref.key, max_seq_length, self.store.sha256)
+        if candidates is not None and not (artifact / "meta.json").is_file():
+            self.emb = SubsetEmbeddings(self._document_model(), self.store, candidates, paths.embeddings,
+                                        batch_size=batch_size, chunk_size=params.mine.chunk_size, show_progress=progress)
+        else:
+            self.emb = model_corpus_embeddings(
+                document_ref, params.models, paths, self.store, max_seq_length=max_seq_length, batch_size=batch_size,
+                chunk_size=params.mine.chunk_size, load_model=self._model if self._same_model else None,
+                show_progress=progress)
 
-    @functools.cached_property
-    def _row(self) -> dict[str, int]:
-        return {d: i for i, d in enumerate(self.doc_ids)}
+    @property
+    def _same_model(self) -> bool:
+        return self.system.query_model == self.system.document_model
 
-    @functools.cache
     def _model(self):
+        """The query model, loaded on first use (kept on the instance: a retriever and its models go together)."""
         from pgrank.models.hub import load_encoder
 
-        return load_encoder(self.system.query_model, self.params.models, max_seq_length=self.max_seq_length)
+        if self._query_model is None:
+            self._query_model = load_encoder(self.system.query_model, self.params.models, max_seq_length=self.max_seq_length)
+        return self._query_model
 
-    @functools.cached_property
-    def _ranks(self) -> np.ndarray:
-        from pgrank.data.runs import id_ranks
+    def _document_model(self):
+        from pgrank.models.hub import load_encoder
 
-        return id_ranks(self.doc_ids)
+        if self._same_model:
+            return self._model()
+        return load_encoder(self.system.document_model, self.params.models, max_seq_length=self.max_seq_length)
 
     def rows(self, doc_ids: Sequence[str]) -> np.ndarray:
-        return np.fromiter((self._row[d] for d in doc_ids), dtype=np.int64, count=len(doc_ids))
+        return self.store.rows(doc_ids)
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         """float32 ``(Q, dim)`` query embeddings (unit length for a cosine system)."""
@@ -111,7 +129,7 @@ class DenseRetriever:
         blocks = self.emb.blocks(block_rows)
         if self.system.similarity == "cosine":
             blocks = ((start, _normalize(b)) for start, b in blocks)
-        return dense_search(encoded, blocks, self._ranks, k)
+        return dense_search(encoded, blocks, self.store.id_ranks, k)
 
     def score(self, encoded: np.ndarray, query_rows: np.ndarray, doc_rows: np.ndarray) -> np.ndarray:
         docs = self.emb.vectors(doc_rows)
@@ -128,8 +146,11 @@ def for_mining(params: Params, paths: Paths, dataset: str, *, progress: bool = T
                           batch_size=cfg.batch_size, progress=progress)
 
 
-def for_evaluation(params: Params, paths: Paths, name: str, dataset: str) -> DenseRetriever:
-    """A comparison system of ``evaluate.systems.dense`` or a trained policy (see the module docstring)."""
+def for_evaluation(params: Params, paths: Paths, name: str, dataset: str, *,
+                   candidates: np.ndarray | None = None) -> DenseRetriever:
+    """A comparison system of ``evaluate.systems.dense`` or a trained policy (see the module docstring);
+    ``candidates``: the corpus rows a rerank-only evaluation scores (see :class:`DenseRetriever`)."""
     system = policy_system(params, paths, name) if name.startswith(POLICY_PREFIX) else DenseSystem(name, name, name)
     cfg = params.evaluate
-    return DenseRetriever(params, paths, system, dataset, max_seq_length=cfg.max_seq_length, batch_size=cfg.batch_size)
+    return DenseRetriever(params, paths, system, dataset, max_seq_length=cfg.max_seq_length, batch_size=cfg.batch_size,
+                          candidates=candidates)

@@ -1,0 +1,366 @@
+"""``pgrank plan``: what a configured run costs, before anything runs.
+
+For the configured profile (the paper by default) and every stage of ``dvc.yaml`` (mining, training per
+warm start, evaluation per system and dataset) the plan counts:
+
+* **documents / queries encoded**: texts run through a model without gradient: corpus-embedding
+  artifacts (each (model, length, corpus) once, reused by later stages exactly as the pipeline reuses
+  them), rerank-only candidate subsets, validation passes, the first pass of cached-gradient chunking;
+* **documents / queries with grad**: forward+backward passes with gradient (``tower: both``
+  re-encodes every candidate of every training query each epoch; ``tower: query`` only the queries);
+* **rankings**: Plackett-Luce rankings sampled (``train.pg.num_samples`` per query per epoch);
+* **pairs**: (query, document) candidate pairs mined or reranked;
+* **disk**: bytes of what the stage writes (embeddings float16, candidate stores at 5 bytes a pair,
+  TREC runs, checkpoints); "?" where it depends on a model the plan does not know (``--calibrate``
+  loads it).
+
+Dataset sizes come from the data on disk when it is downloaded, else from BEIR's published sizes
+(:data:`pgrank.data.catalogue.BEIR_SIZES`). ``--calibrate`` measures each model's throughput on the
+present device (inference and, for warm starts, forward+backward) and turns the counts into hours.
+
+The paper's "# rankings sampled per epoch: 5000" is ambiguous (PAPER.md): read as samples per query
+with every training query each epoch (``train.queries_per_epoch: null``), ``tower: both`` encodes
+about 3x10^9 documents with gradient over 6 epochs; the plan prints that next to the other reading,
+``train.queries_per_epoch: 5000``.
+
+Example:
+    >>> plan = make_plan(load_params("params.yaml"), paths)
+    >>> print(render(plan))
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from pgrank.config import Params
+from pgrank.data.catalogue import BEIR_SIZES
+from pgrank.errors import PgrankError
+from pgrank.paths import CARVED_TRAIN, VALIDATION, Paths
+
+# What a model is, for artifact sizes without loading it: embedding dimension, parameters.
+MODEL_FACTS: dict[str, tuple[int, int]] = {
+    "sentence-transformers/gtr-t5-xl": (768, 1_240_000_000),
+    "sentence-transformers/msmarco-distilbert-dot-v5": (768, 66_400_000),
+    "sentence-transformers/msmarco-distilbert-base-tas-b": (768, 66_400_000),
+    "sentence-transformers/all-MiniLM-L6-v2": (384, 22_700_000),
+    "naver/splade_v2_distil": (30_522, 67_000_000),
+}
+STORE_PAIR_BYTES = 5  # int32 row + int8 grade
+CORPUS_STORE_DOC_BYTES = 60  # offsets, id ranks/order, id hashes and rows, ~8 bytes of id (measured layout)
+TREC_LINE_BYTES = 45  # "qid Q0 doc rank score tag\n", measured on the rehearsal's runs
+
+
+@dataclass
+class Line:
+    """One row of the plan: one stage (and model) of the pipeline."""
+
+    stage: str
+    model: str
+    docs: int = 0
+    queries: int = 0
+    grad_docs: int = 0
+    grad_queries: int = 0
+    rankings: int = 0
+    pairs: int = 0
+    disk: int | None = 0
+    note: str = ""
+    encode_model: str | None = None  # whose throughput prices the encodes (default: model)
+    hours: float | None = None
+
+
+@dataclass
+class Plan:
+    profile: str
+    sizes: dict[str, dict[str, int]]
+    lines: list[Line] = field(default_factory=list)
+    rates: dict[str, dict[str, float]] = field(default_factory=dict)  # model -> docs/s (calibrated)
+    device: str | None = None
+
+
+def dataset_sizes(params: Params, paths: Paths, dataset: str) -> dict[str, int]:
+    """``{"documents": N, split: queries, ...}``: counted on disk if the dataset is there, else BEIR's sizes."""
+    folder = paths.dataset(dataset)
+    if (folder / "corpus.jsonl").is_file():
+        from pgrank.data.beir import load_qrels
+        from pgrank.reporting.setup_tables import count_lines
+
+        sizes = {"documents": count_lines(folder / "corpus.jsonl")}
+        for qrels in sorted((folder / "qrels").glob("*.tsv")):
+            sizes[qrels.stem] = len(load_qrels(qrels))
+        return sizes
+    if dataset in BEIR_SIZES:
+        return dict(BEIR_SIZES[dataset])
+    raise PgrankError(f"{dataset}: not downloaded and not a BEIR dataset of known size; run `pgrank download {dataset}`")
+
+
+def _queries(sizes: dict[str, int], dataset: str, split: str, params: Params) -> int:
+    train_dataset, train_split = params.data.train.split("/")
+    if split in (CARVED_TRAIN, VALIDATION) and dataset == train_dataset:
+        total = sizes.get(train_split, 0)
+        return params.data.validation_size if split == VALIDATION else total - params.data.validation_size
+    if split not in sizes:
+        raise PgrankError(f"{dataset} has no split {split!r} (it has {', '.join(k for k in sizes if k != 'documents')})")
+    return sizes[split]
+
+
+def _facts(params: Params, name: str) -> tuple[str, int | None, int | None]:
+    """``(hub id or folder, dimension, parameters)`` of a model name, without loading it."""
+    hub = params.models.aliases.get(name, name)
+    dim, size = MODEL_FACTS.get(hub, (None, None))
+    return hub, dim, size
+
+
+def make_plan(params: Params, paths: Paths, profile: str = "paper") -> Plan:
+    """Count every stage's work for ``params`` (see the module docstring)."""
+    train_dataset = params.data.train.split("/")[0]
+    eval_sets = params.data.eval_sets_by_dataset()
+    sizes = {d: dataset_sizes(params, paths, d) for d in dict.fromkeys([train_dataset, *eval_sets])}
+    plan = Plan(profile, sizes)
+    built: set[tuple[str, int, str]] = set()  # corpus-embedding artifacts, as the pipeline reuses them
+    mine, C = params.mine, params.mine.candidates
+
+    def artifact(model: str, length: int, dataset: str) -> tuple[int, int | None, str]:
+        """Documents to encode and bytes for (model, length, corpus); 0 if an earlier stage built it."""
+        hub, dim, _ = _facts(params, model)
+        key = (hub, length, dataset)
+        if key in built:
+            return 0, 0, f"reuses {model} L{length}"
+        built.add(key)
+        n = sizes[dataset]["documents"]
+        return n, (n * dim * 2 if dim else None), ""
+
+    def add(line: Line) -> None:
+        plan.lines.append(line)
+
+    # ---- download: the corpus stores every stage reads by row
+    for dataset, s in sizes.items():
+        add(Line("download", dataset, disk=s["documents"] * CORPUS_STORE_DOC_BYTES, note="corpus store"))
+
+    # ---- mining
+    def mine_line(stage: str, dataset: str, splits: list[str]) -> None:
+        queries = sum(_queries(sizes[dataset], dataset, s, params) for s in splits)
+        size = min(C, sizes[dataset]["documents"])
+        pairs = queries * size
+        trec = sum(_queries(sizes[dataset], dataset, s, params) * size for s in splits
+                   if s not in (CARVED_TRAIN, VALIDATION) or mine.training_runs)
+        disk = pairs * STORE_PAIR_BYTES + trec * TREC_LINE_BYTES
+        if mine.source == "dense":
+            docs, emb, note = artifact(mine.model, mine.max_seq_length, dataset)
+            add(Line(stage, mine.model, docs=docs, queries=queries, pairs=pairs,
+                     disk=None if emb is None else disk + emb, note=note))
+        elif mine.source == "bm25":
+            add(Line(stage, "bm25", pairs=pairs, disk=disk, note="BM25 index: ? bytes"))
+        else:
+            add(Line(stage, "published", pairs=pairs, disk=disk))
+
+    if mine.source != "published":
+        mine_line("mine-train", train_dataset, [CARVED_TRAIN, VALIDATION])
+    for dataset, splits in eval_sets.items():
+        mine_line(f"mine@{dataset}", dataset, splits)
+
+    # ---- training, one policy per warm start
+    cfg = params.train
+    train_queries = _queries(sizes[train_dataset], train_dataset, CARVED_TRAIN, params)
+    validation = _queries(sizes[train_dataset], train_dataset, VALIDATION, params)
+    for warm in cfg.warm_starts:
+        _, _, size = _facts(params, warm)
+        kept = len(set(cfg.keep_epochs) | {cfg.epochs}) * (2 if cfg.tower == "query" else 1)
+        checkpoints = kept * size * 4 if size else None
+        per_epoch = cfg.queries_per_epoch or train_queries
+        readings = [("train", per_epoch, "")]
+        if cfg.queries_per_epoch is None:
+            other = min(cfg.pg.num_samples, train_queries)
+            readings.append(("  (other reading)", other, f"train.queries_per_epoch={other}"))
+        for label, queries, note in readings:
+            line = Line(f"train@{warm}" if label == "train" else label, warm,
+                        rankings=queries * cfg.pg.num_samples * cfg.epochs,
+                        pairs=queries * C * cfg.epochs, note=note)
+            val_queries = validation * (cfg.epochs + 1)
+            line.grad_queries, line.queries = queries * cfg.epochs, val_queries
+            if cfg.tower == "both":
+                line.grad_docs = queries * C * cfg.epochs
+                line.docs = line.grad_docs + val_queries * C  # the no-grad first pass; validation
+                line.disk = checkpoints
+            else:
+                line.docs, emb, reuse = artifact(warm, cfg.max_doc_length, train_dataset)
+                line.disk = None if checkpoints is None or emb is None else checkpoints + emb
+                line.note = line.note or reuse
+            add(line)
+
+    # ---- evaluation, one stage per system and dataset
+    ev = params.evaluate
+    for dataset, splits in eval_sets.items():
+        queries = sum(_queries(sizes[dataset], dataset, s, params) for s in splits)
+        n = sizes[dataset]["documents"]
+        rerank = queries * min(C, n) if "rerank" in ev.stages else 0
+        full = queries * min(ev.top_k, n) if "full" in ev.stages else 0
+        results = (rerank + full) * TREC_LINE_BYTES
+        for system in ev.systems.bm25:
+            add(Line(f"evaluate-bm25@{system}-{dataset}", "bm25", pairs=rerank, disk=results))
+        for system in ev.systems.dense:
+            docs, emb, note = artifact(system, ev.max_seq_length, dataset) if full else (0, 0, "rerank only")
+            add(Line(f"evaluate-dense@{system}-{dataset}", system, docs=docs, queries=queries, pairs=rerank,
+                     disk=None if emb is None else emb + results, note=note))
+        for system in ev.systems.sparse:
+            add(Line(f"evaluate-sparse@{system}-{dataset}", system, docs=n, queries=queries, pairs=rerank, disk=None,
+                     note="corpus matrix: ? bytes"))
+        for warm in cfg.warm_starts:
+            if cfg.tower == "query":
+                docs, emb, note = artifact(warm, ev.max_seq_length, dataset) if full else (0, 0, "")
+            else:
+                docs, emb, note = (n, None if _facts(params, warm)[1] is None else n * _facts(params, warm)[1] * 2, "")
+            kept = [e for e in ev.policy_epochs if e in cfg.keep_epochs and 0 < e < cfg.epochs]
+            subset = 0 if cfg.tower == "query" else len(kept) * min(n, rerank)  # rerank-only: candidates alone
+            add(Line(f"evaluate-policy@{warm}-{dataset}", f"pgrank-{warm}", docs=docs + subset,
+                     queries=queries * (1 + len(kept)), pairs=rerank * (1 + len(kept)),
+                     disk=None if emb is None else emb + results * 2,
+                     note=(note + (f"; epochs {kept}: rerank only" if kept else "")).strip("; "), encode_model=warm))
+    add(Line("tables", "-"))
+    return plan
+
+
+# --------------------------------------------------------------------------------------- calibration
+
+
+def calibrate(params: Params, paths: Paths, plan: Plan, *, device: str | None = None, seconds: float = 3.0) -> Plan:
+    """Measure each model's throughput on ``device`` and price every line in hours.
+
+    Per model, texts a second: documents and queries through inference, and for warm starts documents
+    and queries forward+backward with gradient, each at its configured truncation, for about
+    ``seconds``. Documents are 64 sampled from the first dataset on disk, else synthetic 100-word texts
+    (about BEIR's average). A model that cannot be loaded here (no network, say) is reported and left
+    unpriced.
+    """
+    import torch
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    plan = replace(plan, rates={}, device=device)
+    docs = _sample_documents(paths, list(plan.sizes))
+    models = dict.fromkeys(line.encode_model or line.model for line in plan.lines
+                           if line.docs or line.queries or line.grad_docs or line.grad_queries)
+    for name in models:
+        if name in ("bm25", "published", "-"):
+            continue
+        try:
+            plan.rates[name] = _measure(params, name, docs, device, seconds, train=name in params.train.warm_starts)
+        except Exception as exc:  # a model that will not load here: say so, price the rest
+            plan.rates[name] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:80]}"}
+    for line in plan.lines:
+        rate = plan.rates.get(line.encode_model or line.model, {})
+        if "docs" in rate:
+            work = {"docs": line.docs, "queries": line.queries, "grad_docs": line.grad_docs, "grad_queries": line.grad_queries}
+            line.hours = sum(n / rate.get(kind, float("nan")) for kind, n in work.items() if n) / 3600
+    return plan
+
+
+def _sample_documents(paths: Paths, datasets: list[str]) -> list[str]:
+    from pgrank.data.corpus_store import open_corpus
+
+    for dataset in datasets:
+        if (paths.dataset(dataset) / "corpus.jsonl").is_file():
+            store = open_corpus(paths, dataset)
+            return store.texts(np.linspace(0, len(store) - 1, min(64, len(store))).astype(int))
+    return _texts(64, 100)
+
+
+def _texts(n: int, words: int) -> list[str]:
+    vocab = "protein cell gene study trial dose risk model data effect river solar market tax vaccine".split()
+    return [" ".join(vocab[(i * 7 + j * 3) % len(vocab)] for j in range(words)) for i in range(n)]
+
+
+def _measure(params: Params, name: str, docs: list[str], device: str, seconds: float, *, train: bool) -> dict[str, float]:
+    from pgrank.models.hub import load_encoder, resolve_model
+
+    ev, cfg = params.evaluate, params.train
+    queries = _texts(64, 8)
+    batch = min(ev.batch_size, 16)
+    if name in ev.systems.sparse:
+        from pgrank.retrieval.sparse.splade import load_sparse_encoder
+
+        model = load_sparse_encoder(resolve_model(name, params.models).source, device=device, max_seq_length=ev.max_seq_length)
+    else:
+        model = load_encoder(name, params.models, device=device, max_seq_length=ev.max_seq_length)
+    rates = {"docs": _rate(lambda t: model.encode_document(t, batch_size=batch), docs[:batch], seconds),
+             "queries": _rate(lambda t: model.encode_query(t, batch_size=batch), queries[:batch], seconds)}
+    if train:
+        from pgrank.training.grad_cache import encode
+
+        model.train()
+
+        def step(texts, task, length):
+            encode(model, texts, task=task, max_length=length, amp=cfg.amp).sum().backward()
+
+        chunk = min(cfg.grad_chunk_size, 16)
+        rates["grad_docs"] = _rate(lambda t: step(t, "document", cfg.max_doc_length), docs[:chunk], seconds)
+        rates["grad_queries"] = _rate(lambda t: step(t, "query", cfg.max_query_length), queries[:chunk], seconds)
+        model.zero_grad(set_to_none=True)
+    return rates
+
+
+def _rate(fn, texts: list[str], seconds: float) -> float:
+    fn(texts[:2])  # warm-up
+    done, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds or not done:
+        fn(texts)
+        done += len(texts)
+    return done / (time.perf_counter() - started)
+
+
+# --------------------------------------------------------------------------------------- rendering
+
+
+def _count(n: int) -> str:
+    if n == 0:
+        return "0"
+    if n < 10_000:
+        return f"{n:,}"
+    exp = int(math.floor(math.log10(n)))
+    return f"{n / 10**exp:.2f}e{exp}"
+
+
+def _bytes(n: int | None) -> str:
+    if n is None:
+        return "?"
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+COUNTS = ("docs", "queries", "grad_docs", "grad_queries", "rankings", "pairs")
+
+
+def totals(plan: Plan) -> Line:
+    """The sum of the plan's stages (the alternative readings, indented, are not part of it)."""
+    main = [line for line in plan.lines if not line.stage.startswith(" ")]
+    total = Line("total", "", **{k: sum(getattr(x, k) for x in main) for k in COUNTS})
+    total.disk = None if any(x.disk is None for x in main) else sum(x.disk for x in main)
+    hours = [x.hours for x in main if x.hours is not None]
+    total.hours = sum(hours) if hours else None
+    priced = [x for x in main if x.docs or x.queries or x.grad_docs or x.grad_queries]
+    total.note = "hours of the priced stages only" if hours and len(hours) < len(priced) else ""
+    return total
+
+
+def render(plan: Plan) -> str:
+    """The plan as a Markdown table (with totals) and the dataset sizes it used."""
+    head = ["stage", "model", "docs encoded", "queries encoded", "docs with grad", "queries with grad", "rankings",
+            "pairs", "disk", "hours", "note"]
+    out = [f"# pgrank plan: {plan.profile}", "", "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for line in [*plan.lines, totals(plan)]:
+        cells = [line.stage if line.stage != "total" else "**total**", line.model,
+                 *(_count(getattr(line, k)) for k in COUNTS), _bytes(line.disk),
+                 "-" if line.hours is None else f"{line.hours:.3g}", line.note]
+        out.append("| " + " | ".join(cells) + " |")
+    out += ["", "datasets: " + "; ".join(f"{d} {s['documents']:,} documents, "
+                                          + ", ".join(f"{k} {v:,}" for k, v in s.items() if k != "documents")
+                                          for d, s in plan.sizes.items())]
+    if plan.rates:
+        out.append(f"calibrated on {plan.device} (texts a second): " + "; ".join(
+            f"{m} " + (r["error"] if "error" in r else ", ".join(f"{k} {v:.1f}" for k, v in r.items()))
+            for m, r in plan.rates.items()))
+    return "\n".join(out)
