@@ -100,7 +100,7 @@ def evaluate(params: Params, paths: Paths, system: str, eval_set: str, stages: S
             cand_path = paths.candidates(dataset, split)
             if not cand_path.is_file():
                 raise PgrankError(f"{cand_path}: no candidate sets; run `pgrank mine --dataset {dataset}`")
-            run = rerank_run(retriever, encoded, qids, read_run(cand_path))
+            run = rerank_run(retriever, encoded, qids, read_run(cand_path, known=queries))
         else:
             run = search_run(retriever, encoded, qids, cfg.top_k + (1 if cfg.ignore_identical_ids else 0))
         means, per_query = evaluate_run(qrels, run, ks, mrr_k=10, ignore_identical_ids=cfg.ignore_identical_ids)

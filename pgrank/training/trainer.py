@@ -180,7 +180,7 @@ def _load_split(paths: Paths, dataset: str, split: str, params: Params):
     cand_path = paths.candidates(dataset, split)
     if not cand_path.is_file():
         raise TrainingError(f"{cand_path}: no candidate sets for {dataset}/{split}; run `pgrank mine --dataset {dataset} --split {split}`")
-    examples = build_examples(queries, qrels, read_run(cand_path))
+    examples = build_examples(queries, qrels, read_run(cand_path, known=queries))
     if len(examples) < len(queries):
         log.warning("%s/%s: %d of %d queries have no candidate set and are skipped", dataset, split,
                     len(queries) - len(examples), len(queries))
@@ -284,8 +284,10 @@ def train(params: Params, paths: Paths, warm_start: str, *, device: str | None =
             model[0].max_seq_length = cfg.max_doc_length
 
     run_params = {"train": params.train.model_dump(mode="json"), "data.train": params.data.train, "warm_start": ref.key}
+    # A resumed run links the run that saved the state it continues (killed runs are marked KILLED).
+    resumed = {"pgrank.resumed_from": state.mlflow_run_id} if state.epoch and state.mlflow_run_id else {}
     with tracking.stage_run(params, paths, f"train-{warm_start}", log_params=run_params,
-                            tags={"stage": "train", "warm_start": warm_start},
+                            tags={"stage": "train", "warm_start": warm_start, **resumed},
                             enabled=world.is_main and params.tracking.enabled, resources=True) as run:
         if state.epoch == 0 and not state.history:
             metrics = validate(model, val_examples, val_qrels, params, frozen=frozen, corpus=corpus) if world.is_main else {}
@@ -335,6 +337,7 @@ def train(params: Params, paths: Paths, warm_start: str, *, device: str | None =
                 state.epoch = epoch
                 state.optimizer, state.scheduler = optimizer.state_dict(), scheduler.state_dict()
                 checkpoints.capture_rng(state)
+                state.mlflow_run_id = run.info.run_id if run is not None else None
                 _append_curve(paths.training_log(warm_start) / "curve.csv", curve)
                 curve = []
                 checkpoints.save_state(state_dir, model, state)

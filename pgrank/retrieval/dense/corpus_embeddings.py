@@ -11,7 +11,9 @@ their own, at ``Paths.corpus_embeddings(model key, max_seq_length, corpus sha256
     meta.json           written last: its presence means the artifact is complete
 
 Encoding goes shard by shard, so an interruption loses at most the shard in flight: the next run
-finds the finished shards (same plan, right shape) and encodes only the rest. Readers open the
+finds the finished shards (same plan, right shape) and encodes only the rest. The artifacts are shared
+by profiles and stages, so one process builds an artifact under its lock (``.NAME.lock`` beside it)
+while any other that needs it waits, then reads it. Readers open the
 shards memory-mapped and hand them out one block at a time as float32.
 
 Document text follows BEIR (``DenseRetrievalExactSearch`` / ``SentenceBERT.encode_corpus``):
@@ -39,7 +41,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from tqdm.auto import tqdm
 
-from pgrank.atomic import atomic_path, write_json
+from pgrank.atomic import atomic_path, exclusive, lock_file, write_json
 from pgrank.data.beir import document_text
 from pgrank.errors import DataError
 from pgrank.retrieval.dense.encoding import encode_documents, encoding_devices
@@ -187,6 +189,16 @@ def build_corpus_embeddings(
         return open_corpus_embeddings(folder)
     if not corpus:
         raise DataError("cannot embed an empty corpus")
+    # paths.embeddings is shared by profiles and stages: one process encodes, the others wait and reuse it.
+    with exclusive(lock_file(folder), what=f"the corpus-embedding artifact {folder}"):
+        if (folder / "meta.json").is_file():
+            return open_corpus_embeddings(folder)
+        return _build(load_model, model_key, corpus, folder, corpus_sha256=corpus_sha256, max_seq_length=max_seq_length,
+                      batch_size=batch_size, chunk_size=chunk_size, show_progress=show_progress)
+
+
+def _build(load_model, model_key, corpus, folder: Path, *, corpus_sha256, max_seq_length, batch_size, chunk_size,
+           show_progress) -> CorpusEmbeddings:
     folder.mkdir(parents=True, exist_ok=True)
     doc_ids = list(corpus)
     plan = {"model": model_key, "max_seq_length": max_seq_length, "corpus_sha256": corpus_sha256,
