@@ -52,14 +52,15 @@ FAULT_ENV = "PGRANK_FAULT"
 _fault_counts: dict[str, int] = {}
 
 
-def fault_point(name: str) -> None:
+def fault_point(name: str, detail: str = "") -> None:
     """A named moment at which the kill-anywhere tests may kill this process; a no-op by default.
 
     Inert unless ``$PGRANK_FAULT`` is set (one dictionary lookup). Two forms, for ``tests/faults``:
 
     * ``kill:NAME:N`` sends SIGKILL to this process the ``N``-th time it reaches point ``NAME``
       (``*`` counts every point);
-    * ``trace:DIR`` appends ``NAME`` to ``DIR/<pid>``, so a test learns which points a stage passes.
+    * ``trace:DIR`` appends ``NAME<TAB>DETAIL`` to ``DIR/<pid>`` (``detail``: e.g. the file being
+      written), so a test learns which points a stage passes, in order.
     """
     spec = os.environ.get(FAULT_ENV)
     if not spec:
@@ -67,7 +68,7 @@ def fault_point(name: str) -> None:
     kind, _, arg = spec.partition(":")
     if kind == "trace":
         with open(Path(arg) / str(os.getpid()), "a", encoding="utf-8") as fh:
-            fh.write(name + "\n")
+            fh.write(f"{name}\t{detail}\n")
     elif kind == "kill":
         target, _, nth = arg.rpartition(":")
         if target in ("*", name):
@@ -148,11 +149,11 @@ def _replace_folder(tmp: Path, path: Path) -> None:
     """Put folder ``tmp`` at ``path``; at every instant ``path`` is the old folder or the new one."""
     if not path.exists():
         os.rename(tmp, path)
-        fault_point("atomic.renamed")
+        fault_point("atomic.renamed", path.name)
         _fsync_dir(path.parent)
         return
     if exchange(tmp, path):
-        fault_point("atomic.swapped")
+        fault_point("atomic.swapped", path.name)
         _fsync_dir(path.parent)
         shutil.rmtree(tmp)  # the old folder, now under the temporary name
         return
@@ -160,7 +161,7 @@ def _replace_folder(tmp: Path, path: Path) -> None:
     old = Path(tempfile.mkdtemp(prefix=_prefix(path), suffix=".old", dir=path.parent))
     os.rmdir(old)
     os.rename(path, old)
-    fault_point("atomic.swapped")
+    fault_point("atomic.swapped", path.name)
     os.rename(tmp, path)
     _fsync_dir(path.parent)
     shutil.rmtree(old)
@@ -232,6 +233,7 @@ def atomic_path(path: str | Path, *, directory: bool = False) -> Iterator[Path]:
             replaced by an atomic exchange where the system has one, then deleted.
     """
     path = Path(path)
+    created = [p for p in [path.parent, *path.parent.parents] if not p.exists()]
     path.parent.mkdir(parents=True, exist_ok=True)
     recover(path)
     if directory:
@@ -244,20 +246,23 @@ def atomic_path(path: str | Path, *, directory: bool = False) -> Iterator[Path]:
         os.chmod(tmp, 0o666 & ~_UMASK)
     try:
         yield tmp
-        fault_point("atomic.written")
+        fault_point("atomic.written", path.name)
         if directory:
             _fsync_tree(tmp)
             _replace_folder(tmp, path)
         else:
             _fsync_file(tmp)
             os.replace(tmp, path)
-            fault_point("atomic.renamed")
+            fault_point("atomic.renamed", path.name)
             _fsync_dir(path.parent)
     except BaseException as exc:
         if tmp.is_dir() and not tmp.is_symlink():
             shutil.rmtree(tmp, ignore_errors=True)
         else:
             tmp.unlink(missing_ok=True)
+        for folder in created:  # nothing half-written: not even the empty folders made for it
+            with contextlib.suppress(OSError):
+                folder.rmdir()
         if isinstance(exc, OSError) and exc.filename is None:
             exc.filename = str(path)  # a failed write() names no file: name the artifact
         raise
@@ -331,8 +336,9 @@ def exclusive(lock: str | Path, *, what: str, wait: bool = True) -> Iterator[Non
         handle.acquire()
     try:
         if handle.lock_counter == 1:
-            owner = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(),
-                     "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])[:300]}
+            command = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
+            command = command if len(command) <= 200 else f"{command[:90]} ... {command[-90:]}"
+            owner = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(), "command": command}
             with open(lock, "r+", encoding="utf-8") as fh:  # in place: the lock is on this very file
                 fh.truncate()
                 fh.write(json.dumps(owner))

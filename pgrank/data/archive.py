@@ -95,7 +95,7 @@ def extract(zip_path: Path, target: Path, label: str, progress: bool) -> None:
                                                 f"{info.file_size} bytes; refusing it (a corrupt archive or a zip bomb)")
                             dst.write(chunk)
                             bar.update(len(chunk))
-                            fault_point("extract.chunk")
+                            fault_point("extract.chunk", str(rel))
     except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError) as exc:
         raise DataError(f"{label}: corrupt or truncated archive ({exc}); "
                         "it was deleted, run again to fetch it afresh") from None

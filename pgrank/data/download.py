@@ -335,21 +335,21 @@ def fetch_dataset(
         raise DataError(f"dataset name {name!r}: expected a BEIR name such as 'scifact' "
                         "(letters, digits, '_', '-', '.')")
     target = Path(target)
-    if (target / DOWNLOAD_RECORD).is_file():
-        return Fetched(name, target, "present")
+    if (target / DOWNLOAD_RECORD).is_file() or target.exists():  # (a read-only shared folder needs no lock)
+        return _fetch(name, target, source, sums, progress)
     data_dir = target.parent
     created = not data_dir.exists()
     try:
         # paths.data is shared by every profile: one process downloads a dataset, the others wait and reuse it.
         with exclusive(lock_file(target), what=f"dataset {name} ({target})"):
-            return _fetch_locked(name, target, source, sums, progress)
+            return _fetch(name, target, source, sums, progress)
     except BaseException:
         if created and data_dir.is_dir() and {p.name for p in data_dir.iterdir()} <= {lock_file(target).name}:
             shutil.rmtree(data_dir)  # leave no data folder behind that did not exist
         raise
 
 
-def _fetch_locked(name: str, target: Path, source: Source, sums: dict[str, str] | None, progress: bool) -> Fetched:
+def _fetch(name: str, target: Path, source: Source, sums: dict[str, str] | None, progress: bool) -> Fetched:
     if (target / DOWNLOAD_RECORD).is_file():  # installed by another process while this one waited
         return Fetched(name, target, "present")
     if target.exists():

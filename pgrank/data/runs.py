@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pgrank.atomic import atomic_path
+from pgrank.atomic import atomic_path, fault_point
 from pgrank.errors import DataError
 
 Ranked = Sequence[tuple[str, float]]
@@ -75,6 +75,7 @@ def write_run(path: str | Path, sets: Mapping[str, Ranked] | Iterable[tuple[str,
                 _check_id("document id", doc, path)
                 lines.append(f"{qid} Q0 {doc} {rank} {float(score):.9g} {tag}\n")
             fh.writelines(lines)
+            fault_point("run.query", qid)
 
 
 def iter_run(path: str | Path, known: Container[str] | None = None) -> Iterator[tuple[str, dict[str, float]]]:

@@ -93,6 +93,7 @@ class TrainerState:
     cuda_rng: list[torch.Tensor] = field(default_factory=list)
     python_rng: tuple | None = None
     history: list[dict] = field(default_factory=list)
+    curve: list[dict] = field(default_factory=list)  # per-step points of the finished epochs (curve.csv)
     mlflow_run_id: str | None = None  # the run that saved this state: a resumed run links to it
 
 
@@ -111,6 +112,7 @@ def save_state(path: Path, model: Any, state: TrainerState) -> None:
                 "cuda_rng": state.cuda_rng,
                 "python_rng": _py_rng_to_list(state.python_rng),
                 "history": json.dumps(state.history),
+                "curve": json.dumps(state.curve),
                 "mlflow_run_id": state.mlflow_run_id or "",
             },
             tmp / TRAINER_STATE,
@@ -127,7 +129,7 @@ def load_state(path: Path) -> TrainerState | None:
         epoch=raw["epoch"], step=raw["step"], fingerprint=raw["fingerprint"], optimizer=raw["optimizer"],
         scheduler=raw["scheduler"], torch_rng=raw["torch_rng"], cuda_rng=list(raw["cuda_rng"]),
         python_rng=_py_rng_from_list(raw["python_rng"]), history=json.loads(raw["history"]),
-        mlflow_run_id=raw.get("mlflow_run_id") or None,
+        curve=json.loads(raw.get("curve", "[]")), mlflow_run_id=raw.get("mlflow_run_id") or None,
     )
 
 

@@ -338,14 +338,16 @@ def train(params: Params, paths: Paths, warm_start: str, *, device: str | None =
                 state.optimizer, state.scheduler = optimizer.state_dict(), scheduler.state_dict()
                 checkpoints.capture_rng(state)
                 state.mlflow_run_id = run.info.run_id if run is not None else None
-                _append_curve(paths.training_log(warm_start) / "curve.csv", curve)
+                state.curve += curve  # the state holds the whole curve: DVC deletes curve.csv before a rerun
                 curve = []
+                _write_curve(paths.training_log(warm_start) / "curve.csv", state.curve)
                 checkpoints.save_state(state_dir, model, state)
             distributed.barrier(world)
 
         final = paths.checkpoint(warm_start, cfg.epochs)
         version = None
         if world.is_main:
+            _write_curve(paths.training_log(warm_start) / "curve.csv", state.curve)  # also when resumed at the end
             write_json(paths.training_log(warm_start) / "history.json", state.history)
             if run is not None:
                 tracking.log_artifact(run, str(paths.training_log(warm_start) / "history.json"))
@@ -358,10 +360,9 @@ def train(params: Params, paths: Paths, warm_start: str, *, device: str | None =
     return TrainResult(model_dir, final, state.history, version)
 
 
-def _append_curve(path: Path, points: list[dict]) -> None:
-    """Append per-step points to ``curve.csv`` atomically (rewrite with the new rows)."""
+def _write_curve(path: Path, points: list[dict]) -> None:
+    """Write ``curve.csv`` atomically: every per-step point of the finished epochs, from the trainer state."""
     header = "step,epoch,loss,utility,grad_norm,entropy\n"
-    old = path.read_text() if path.is_file() else header
     rows = "".join(f"{p['step']},{p['epoch']},{p['loss']:.8g},{p['utility']:.8g},{p['grad_norm']:.8g},{p['entropy']:.8g}\n"
                    for p in points)
-    write_text(path, old + rows)
+    write_text(path, header + rows)
