@@ -11,7 +11,9 @@ the previous file (or nothing) at the final path.
   is deleted. Where neither exists (other systems, file systems without the flag) the old folder is
   renamed aside (``.NAME.PID.XXXXXXXX.old``) and the new one renamed in; a crash between the two
   renames leaves no folder at the final path, and the next :func:`atomic_path` of that path (or
-  :func:`recover`) renames the old one back first.
+  :func:`recover`) renames the old one back first. (An exchange rather than a symlink swap: DVC,
+  sentence-transformers and users open these folders by path, and a DVC output that is a link to a
+  versioned folder is not the folder's content.)
 * Leftovers: temporary names carry the writer's PID (``.NAME.PID.XXXXXXXX.tmp``). What a killed
   writer left behind is deleted by the next write of the same path, never what a live process is
   still writing.

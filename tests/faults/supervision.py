@@ -41,7 +41,7 @@ from pathlib import Path
 import psutil
 import yaml
 
-POLL_S = 0.002
+POLL_S = 0.01  # seconds between looks at the process tree (bytes written, elapsed time)
 # Files that record when something happened, not what: (size, mtime) caches of checksums.
 MTIME_CACHES = re.compile(r"(^|/)(\.fingerprints/[^/]+\.json|\.pgrank-download\.json)$")
 # What a killed writer may leave behind: temporaries of atomic writes, partial downloads, locks.
@@ -276,9 +276,9 @@ def draw_moments(trace: StageTrace, rng: random.Random, n: int, extra: list[Mome
             name = rng.choice(sorted({p for p, _ in trace.points}))
             moments.append(at_point(trace, rng, name))
         elif kind == "bytes":
-            written = int(trace.written * rng.uniform(0.05, 0.95))
+            written = int(trace.written * rng.uniform(0.05, 0.8))
             moments.append(Moment("bytes", written, f"after {written} of {trace.written} bytes written"))
         else:
-            seconds = round(trace.seconds * rng.uniform(0.1, 0.85), 2)
+            seconds = round(trace.seconds * rng.uniform(0.1, 0.7), 2)
             moments.append(Moment("seconds", seconds, f"{seconds} of {trace.seconds:.1f} s in"))
     return moments
