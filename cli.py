@@ -16,11 +16,12 @@ from typing import Annotated, Optional
 
 import typer
 
-from pgrank.errors import PgrankError
+from pgrank.errors import ENVIRONMENT_EXIT_CODE, PgrankError, environment_message
 
 
 class _App(typer.Typer):
-    """Typer app that turns :class:`PgrankError` into a one-line message and a non-zero exit."""
+    """Typer app that turns :class:`PgrankError` (and a full disk or a read-only folder) into a one-line
+    message and a non-zero exit."""
 
     def __call__(self, *args, **kwargs):  # noqa: D102
         try:
@@ -28,6 +29,12 @@ class _App(typer.Typer):
         except PgrankError as exc:
             typer.echo(f"pgrank: error: {exc}", err=True)
             sys.exit(exc.exit_code)
+        except OSError as exc:  # a full disk, a read-only folder: the machine's fault, said in one line
+            message = environment_message(exc)
+            if message is None:
+                raise
+            typer.echo(f"pgrank: error: {message}", err=True)
+            sys.exit(ENVIRONMENT_EXIT_CODE)
 
 
 app = _App(

@@ -7,6 +7,9 @@ and exits non-zero without a traceback; everything else is a bug and keeps its t
 
 from __future__ import annotations
 
+import errno
+import os
+
 
 class PgrankError(Exception):
     """An error caused by the user's input, with a message meant for people."""
@@ -20,3 +23,20 @@ class ConfigError(PgrankError):
 
 class DataError(PgrankError):
     """A dataset, download or candidate file is missing, corrupt or malformed."""
+
+
+# OS errors that the machine, not pgrank, causes: a full disk or quota, a file-size limit, a read-only or
+# forbidden folder. The CLI reports them like bad input (one line naming the file), with exit code 74
+# (sysexits' EX_IOERR); any other OSError is a bug and keeps its traceback.
+ENVIRONMENT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM})
+ENVIRONMENT_EXIT_CODE = 74
+
+
+def environment_message(exc: OSError) -> str | None:
+    """A one-line message for an environment :class:`OSError`, or ``None`` for any other error."""
+    if exc.errno not in ENVIRONMENT_ERRNOS:
+        return None
+    where = exc.filename if exc.filename is not None else "a file"
+    hint = {errno.ENOSPC: "free some disk space", errno.EDQUOT: "free some of your quota",
+            errno.EFBIG: "the file-size limit (ulimit -f) is too low"}.get(exc.errno, "check the folder's permissions")
+    return f"{where}: {exc.strerror or os.strerror(exc.errno)} ({hint}); run again once fixed"

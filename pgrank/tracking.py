@@ -10,6 +10,10 @@
   (:func:`process_resources`) as metrics of its stage run (``wall_seconds``, ``peak_rss_mib``,
   ``peak_rss_children_mib``) and in a log line, also with tracking off.
 * Metric names: MLflow rejects ``@``; :func:`metric_name` writes ``ndcg@10`` as ``ndcg_at_10``.
+* Killed runs: a process killed by SIGKILL (preemption, OOM killer) never ends its run, which would
+  show ``RUNNING`` forever. Every run records its process (tag ``pgrank.process``: host, PID, start
+  time); whenever a stage opens the store, :func:`end_orphaned_runs` marks ``KILLED`` the running runs
+  whose process is gone.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import logging
 import os
 import re
 import resource
+import socket
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -27,6 +32,7 @@ from pgrank.config import Params
 from pgrank.paths import Paths
 
 PARENT_ENV = "PGRANK_MLFLOW_PARENT_RUN_ID"
+PROCESS_TAG = "pgrank.process"
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +74,43 @@ def configure(params: Params, paths: Paths) -> None:
     if uri.startswith("sqlite:///"):
         os.makedirs(os.path.dirname(uri.removeprefix("sqlite:///")), exist_ok=True)
     mlflow.set_tracking_uri(uri)
-    mlflow.set_experiment(params.tracking.experiment)
+    experiment = mlflow.set_experiment(params.tracking.experiment)
+    end_orphaned_runs(experiment.experiment_id)
+
+
+def this_process() -> str:
+    """``host:pid:start time`` of this process (the value of the ``pgrank.process`` tag)."""
+    import psutil
+
+    return f"{socket.gethostname()}:{os.getpid()}:{psutil.Process().create_time():.2f}"
+
+
+def _gone(process: str) -> bool:
+    """Whether the process a ``pgrank.process`` tag names has ended (False for other hosts: unknown)."""
+    import psutil
+
+    host, pid, started = process.rsplit(":", 2)
+    if host != socket.gethostname():
+        return False
+    try:
+        return f"{psutil.Process(int(pid)).create_time():.2f}" != started  # a reused PID is another process
+    except (psutil.NoSuchProcess, ValueError):
+        return True
+
+
+def end_orphaned_runs(experiment_id: str) -> list[str]:
+    """Mark ``KILLED`` the ``RUNNING`` runs of an experiment whose process is gone; return their ids."""
+    import mlflow
+
+    client = mlflow.MlflowClient()
+    ended = []
+    for run in client.search_runs([experiment_id], "attributes.status = 'RUNNING'", max_results=1000):
+        process = run.data.tags.get(PROCESS_TAG)
+        if process and _gone(process):
+            client.set_tag(run.info.run_id, "pgrank.ended", "its process was killed; marked by a later stage")
+            client.set_terminated(run.info.run_id, "KILLED")
+            ended.append(run.info.run_id)
+    return ended
 
 
 @contextlib.contextmanager
@@ -100,7 +142,7 @@ def stage_run(
         active = mlflow.active_run()
         parent = (active.info.run_id if active else os.environ.get(PARENT_ENV)) if nested else None
         with mlflow.start_run(run_name=name, nested=bool(parent), parent_run_id=parent or None,
-                              tags=dict(tags or {})) as run:
+                              tags={**dict(tags or {}), PROCESS_TAG: this_process()}) as run:
             if log_params:
                 items = flatten(dict(log_params))
                 keys = list(items)

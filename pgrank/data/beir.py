@@ -8,10 +8,13 @@ The contract is the one of ``beir.datasets.data_loader.GenericDataLoader`` (test
 * qrels ``{qid: {doc_id: int}}`` from ``qrels/SPLIT.tsv`` read with the ``csv`` module (BEIR wrote
   them CRLF), header row skipped, graded relevance kept, a repeated pair keeps its last score.
 
-Unlike BEIR, a malformed JSON line, a duplicate ``_id``, a non-integer score or an empty corpus is a
+Unlike BEIR, a malformed JSON line, a duplicate ``_id``, a non-integer score, an empty corpus or a
+qrels file whose first row is a judgment rather than the header (BEIR silently drops it) is a
 :class:`DataError` naming the file and line, and a missing ``title`` reads as ``""`` (BEIR: None).
-Judgments pointing at documents absent from the corpus are kept (as BEIR does) and reported as a
-warning: ArguAna really has such rows.
+Judgments pointing at documents absent from the corpus are kept (as BEIR does, so that published
+numbers stay comparable) and reported as a warning: ArguAna really has such rows. When *none* of a
+split's judged documents is in the corpus, the qrels and the corpus do not belong together, and that
+is an error.
 
 Split names (:func:`qrels_path`, the one rule every stage goes through):
 
@@ -133,8 +136,9 @@ def _qrels_rows(path: Path, display: str) -> Iterator[tuple[int, str, str, int]]
         try:
             header = next(reader, None)
             if header and len(header) >= 3 and header[2].strip().lstrip("-").isdigit():
-                log.warning("%s:1: first row %r looks like data, but it is skipped as the header (BEIR does the same)",
-                            display, "\t".join(header))
+                raise DataError(f"{display}:1: expected the header row query-id<TAB>corpus-id<TAB>score, got the "
+                                f"judgment {chr(9).join(header)!r}; BEIR skips the first row, so it would be lost. "
+                                "Add the header line")
             for row in reader:
                 if not any(cell.strip() for cell in row):
                     continue
@@ -237,7 +241,11 @@ def missing_documents(qrels: Qrels, corpus_ids) -> list[tuple[str, str]]:
     return [(qid, doc_id) for qid, docs in qrels.items() for doc_id in docs if doc_id not in corpus_ids]
 
 
-def _warn_missing(where: str, missing: list[tuple[str, str]]) -> None:
+def _warn_missing(where: str, missing: list[tuple[str, str]], judged: int) -> None:
+    """Report judgments of absent documents (kept, as BEIR does); all of them absent is an error."""
+    if missing and len(missing) == judged:
+        raise DataError(f"{where}: none of its {judged} judged documents is in corpus.jsonl (e.g. "
+                        f"{', '.join(repr(d) for _, d in missing[:3])}); the qrels and the corpus do not belong together")
     if missing:
         log.warning("%s: %d judgments point at documents missing from the corpus (kept, as BEIR does), e.g. %s",
                     where, len(missing), ", ".join(f"{q}->{d}" for q, d in missing[:3]))
@@ -257,6 +265,6 @@ def load_split(paths: Paths, dataset: str, split: str, *, progress: bool = True)
     """
     queries, qrels = load_topics(paths, dataset, split)
     corpus = load_corpus(paths.dataset(dataset), progress=progress)
-    _warn_missing(f"{dataset}/{split}", missing_documents(qrels, corpus))
+    _warn_missing(f"{dataset}/{split}", missing_documents(qrels, corpus), sum(map(len, qrels.values())))
     return BeirSplit(dataset=dataset, split=split, corpus=corpus, queries=queries, qrels=qrels)
 

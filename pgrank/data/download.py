@@ -31,6 +31,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import time
 import urllib.error
 import urllib.parse
@@ -42,7 +43,7 @@ from typing import Literal
 from tqdm.auto import tqdm
 
 from pgrank import tracking
-from pgrank.atomic import atomic_path
+from pgrank.atomic import atomic_path, exclusive, fault_point, lock_file
 from pgrank.config import Params
 from pgrank.data.archive import beir_folders, extract
 from pgrank.data.carve_out import CarveOut, write_carve_out
@@ -57,7 +58,7 @@ log = logging.getLogger(__name__)
 
 MIRROR_ENV = "PGRANK_BEIR_MIRROR"
 SUMS_FILE = "SHA256SUMS"
-_CHUNK = 1 << 20
+_CHUNK = 1 << 16  # bytes per read and write: an interrupted transfer keeps all but the last chunk
 _TIMEOUT_S = 60
 _NAME = re.compile(r"^[\w][\w.-]*$")
 _SUMS_LINE = re.compile(r"^([0-9a-fA-F]{64}) [ *](.+)$")
@@ -215,6 +216,7 @@ def _copy_local(src: Path, part: Path, progress: bool) -> None:
         while chunk := fin.read(_CHUNK):
             fout.write(chunk)
             bar.update(len(chunk))
+            fault_point("download.chunk")
 
 
 def _fetch_http(url: str, part: Path, progress: bool) -> None:
@@ -241,12 +243,16 @@ def _fetch_http(url: str, part: Path, progress: bool) -> None:
         elif resp.headers.get("Content-Length"):
             total = int(resp.headers["Content-Length"])
         with open(part, "ab" if start else "wb") as out, _bar(url.rsplit("/", 1)[-1], total, start, progress) as bar:
-            try:
-                while chunk := resp.read(_CHUNK):
-                    out.write(chunk)
-                    bar.update(len(chunk))
-            except (http.client.HTTPException, OSError) as exc:
-                raise _Interrupted(f"{type(exc).__name__}: {exc}") from None
+            while True:
+                try:
+                    chunk = resp.read(_CHUNK)
+                except (http.client.HTTPException, OSError) as exc:  # the connection, not the disk
+                    raise _Interrupted(f"{type(exc).__name__}: {exc}") from None
+                if not chunk:
+                    break
+                out.write(chunk)
+                bar.update(len(chunk))
+                fault_point("download.chunk")
     if total is not None and part.stat().st_size < total:
         raise _Interrupted(f"connection closed at {part.stat().st_size} of {total} bytes")
 
@@ -260,6 +266,10 @@ def _transfer(source: Source, filename: str, part: Path, progress: bool, attempt
             else:
                 _fetch_http(source.locate(filename), part, progress)
             return
+        except OSError as exc:  # a full disk: the .part keeps what arrived, a rerun resumes it
+            if exc.filename is None:
+                exc.filename = str(part)
+            raise
         except _Interrupted as exc:
             got = part.stat().st_size if part.exists() else 0
             if attempt == attempts:
@@ -325,7 +335,22 @@ def fetch_dataset(
         raise DataError(f"dataset name {name!r}: expected a BEIR name such as 'scifact' "
                         "(letters, digits, '_', '-', '.')")
     target = Path(target)
-    if (target / DOWNLOAD_RECORD).is_file():
+    if (target / DOWNLOAD_RECORD).is_file() or target.exists():  # (a read-only shared folder needs no lock)
+        return _fetch(name, target, source, sums, progress)
+    data_dir = target.parent
+    created = not data_dir.exists()
+    try:
+        # paths.data is shared by every profile: one process downloads a dataset, the others wait and reuse it.
+        with exclusive(lock_file(target), what=f"dataset {name} ({target})"):
+            return _fetch(name, target, source, sums, progress)
+    except BaseException:
+        if created and data_dir.is_dir() and {p.name for p in data_dir.iterdir()} <= {lock_file(target).name}:
+            shutil.rmtree(data_dir)  # leave no data folder behind that did not exist
+        raise
+
+
+def _fetch(name: str, target: Path, source: Source, sums: dict[str, str] | None, progress: bool) -> Fetched:
+    if (target / DOWNLOAD_RECORD).is_file():  # installed by another process while this one waited
         return Fetched(name, target, "present")
     if target.exists():
         log.warning("%s: %s exists but was not downloaded by pgrank; using it unverified (delete it to download again)",
@@ -335,27 +360,19 @@ def fetch_dataset(
         raise DataError(f"{name}: BEIR does not distribute this dataset; build it as described at "
                         f"{NOT_PUBLIC[name]} and serve it from a mirror (--mirror DIR)")
     checksum = expected_checksum(name, sums)
-    data_dir = target.parent
-    created = not data_dir.exists()
-    data_dir.mkdir(parents=True, exist_ok=True)
-    part = data_dir / f"{name}.zip.part"
+    part = target.parent / f"{name}.zip.part"
+    _download_verified(source, name, part, checksum, progress)
+    if checksum is None:
+        log.warning("%s.zip: no published checksum (not in BEIR's MD5 table%s); it cannot be verified",
+                    name, f" nor the mirror's {SUMS_FILE}" if sums is not None else "")
+    record = {"dataset": name, "source": source.locate(f"{name}.zip"),
+              "checksum": vars(checksum) if checksum else None}
     try:
-        _download_verified(source, name, part, checksum, progress)
-        if checksum is None:
-            log.warning("%s.zip: no published checksum (not in BEIR's MD5 table%s); it cannot be verified",
-                        name, f" nor the mirror's {SUMS_FILE}" if sums is not None else "")
-        record = {"dataset": name, "source": source.locate(f"{name}.zip"),
-                  "checksum": vars(checksum) if checksum else None}
-        try:
-            _install(part, target, name, record, progress)
-        except DataError:
-            part.unlink(missing_ok=True)  # complete but bad: a rerun must fetch it afresh
-            raise
-        part.unlink()
-    except BaseException:
-        if created and data_dir.is_dir() and not any(data_dir.iterdir()):
-            data_dir.rmdir()
+        _install(part, target, name, record, progress)
+    except DataError:
+        part.unlink(missing_ok=True)  # complete but bad: a rerun must fetch it afresh
         raise
+    part.unlink()
     return Fetched(name, target, "downloaded", checksum)
 
 

@@ -15,12 +15,15 @@ an unchanged dataset is fingerprinted without reading it again.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 from pgrank.atomic import write_json
 from pgrank.data.checksums import file_sha256
 from pgrank.errors import DataError
 from pgrank.paths import Paths
+
+log = logging.getLogger(__name__)
 
 
 def beir_files(folder: Path) -> list[str]:
@@ -46,7 +49,10 @@ def fingerprint(folder: str | Path, cache_file: str | Path) -> dict[str, str]:
             entry = {"sha256": file_sha256(folder / name), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
         fresh[name], out[name] = entry, entry["sha256"]
     if fresh != cache:
-        write_json(cache_file, fresh)
+        try:
+            write_json(cache_file, fresh)
+        except OSError as exc:  # a read-only shared data folder: the cache only saves time
+            log.info("%s: not cached (%s)", cache_file, exc.strerror)
     return out
 
 

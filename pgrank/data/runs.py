@@ -25,12 +25,12 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
-from pgrank.atomic import atomic_path
+from pgrank.atomic import atomic_path, fault_point
 from pgrank.errors import DataError
 
 Ranked = Sequence[tuple[str, float]]
@@ -75,16 +75,21 @@ def write_run(path: str | Path, sets: Mapping[str, Ranked] | Iterable[tuple[str,
                 _check_id("document id", doc, path)
                 lines.append(f"{qid} Q0 {doc} {rank} {float(score):.9g} {tag}\n")
             fh.writelines(lines)
+            fault_point("run.query", qid)
 
 
-def iter_run(path: str | Path) -> Iterator[tuple[str, dict[str, float]]]:
+def iter_run(path: str | Path, known: Container[str] | None = None) -> Iterator[tuple[str, dict[str, float]]]:
     """Stream a run file query by query: ``(qid, {doc_id: score})`` in rank order.
 
     Memory holds one query's set at a time (MS MARCO train has 500k of them).
 
+    Args:
+        path: the run file.
+        known: the queries the file may hold (those of its split), if given.
+
     Raises:
-        DataError: a malformed line, a repeated document, or a query whose lines are not
-            contiguous, naming the file and line.
+        DataError: a malformed line, a repeated document, a query whose lines are not
+            contiguous, or one not in ``known`` (a file of another split), naming the file and line.
     """
     path = Path(path)
     if not path.is_file():
@@ -107,6 +112,9 @@ def iter_run(path: str | Path) -> Iterator[tuple[str, dict[str, float]]]:
                     f"{path}:{line_no}: rank {rank!r} / score {score!r}: expected an integer and a number"
                 ) from None
             if q != qid:
+                if known is not None and q not in known:
+                    raise DataError(f"{path}:{line_no}: query {q!r} is not a query of this split; "
+                                    "is the file from another dataset or split?")
                 if q in seen:
                     raise DataError(
                         f"{path}:{line_no}: query {q!r} appears again after other queries; lines must be grouped by query"
@@ -122,9 +130,9 @@ def iter_run(path: str | Path) -> Iterator[tuple[str, dict[str, float]]]:
         yield qid, docs
 
 
-def read_run(path: str | Path) -> dict[str, dict[str, float]]:
-    """Read a whole run file as a BEIR run ``{qid: {doc_id: score}}`` (rank order kept)."""
-    return dict(iter_run(path))
+def read_run(path: str | Path, known: Container[str] | None = None) -> dict[str, dict[str, float]]:
+    """Read a whole run file as a BEIR run ``{qid: {doc_id: score}}`` (rank order kept; see :func:`iter_run`)."""
+    return dict(iter_run(path, known))
 
 
 # --------------------------------------------------------------------------------------- the order (arrays)

@@ -2,7 +2,9 @@
 
 ``pgrank download`` checks every extracted folder the way :mod:`pgrank.data.beir` would read it: every
 line parses, ids are unique, texts are strings, every judged query has a text, and the corpus is not
-empty. Judgments whose document is not in the corpus are counted and reported (BEIR keeps them).
+empty, every qrels file starts with its header. Judgments whose document is not in the corpus are
+counted and reported (BEIR keeps them); a qrels file none of whose documents is in the corpus is an
+error.
 """
 
 from __future__ import annotations
@@ -64,6 +66,6 @@ def validate_folder(folder: str | Path, label: str, *, progress: bool = False) -
         judgments[qrels_file.stem] = len(pairs)
         gone = [(q, d) for q, d in pairs if d not in doc_ids]
         missing[qrels_file.stem] = len(gone)
-        _warn_missing(display, gone)
+        _warn_missing(display, gone, len(pairs))
     return FolderSummary(len(doc_ids), len(query_ids), judgments, missing, digest.hexdigest())
 

@@ -17,6 +17,12 @@ demo), holding
 Files are rewritten only when their bytes change, so an unchanged re-run is a DVC no-op, and
 changing one training knob re-runs only the stages that read it.
 
+One pipeline at a time per workspace: :func:`repro` holds the workspace's lock (:func:`locked`, the
+file ``.pgrank.lock`` in it) from composing the files to the end of ``dvc repro``, so a second
+invocation, even with other ``--set`` values, never changes a file under a running pipeline; it stops
+at once with "... is in use by PID N (command, since ...)". :func:`prepare` alone takes the same lock.
+The lock is ``flock(2)``, released by the kernel however its holder ends (SIGKILL included).
+
 Example:
     >>> ws = prepare(Path("params.yaml"), "demo", ["train.epochs=1"])
     >>> subprocess.run(["dvc", "repro"], cwd=ws, check=True)
@@ -33,12 +39,13 @@ from pathlib import Path
 
 import yaml
 
-from pgrank.atomic import atomic_path
+from pgrank.atomic import atomic_path, exclusive
 from pgrank.config import Params, load_params
 from pgrank.errors import PgrankError
 
 # What dvc.yaml's stages depend on, relative to the project (synced into workspaces).
 SYNCED = ("dvc.yaml", "cli.py", "pgrank")
+LOCK_NAME = ".pgrank.lock"  # in the workspace (ignored by git: .gitignore)
 DVC_CONFIG = "[core]\n    no_scm = True\n[cache]\n    type = hardlink,symlink\n"
 
 
@@ -89,21 +96,40 @@ def workspace_params(params: Params, project: Path, ws: Path) -> dict:
     return doc
 
 
-def prepare(params_file: str | Path, profile: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Path:
-    """The directory to run ``dvc`` in for this profile and these overrides (see the module docstring).
-
-    Without a profile or overrides it is the project itself. Raises :class:`PgrankError` (via the
-    config) for an invalid composition, before anything is written.
-    """
-    params_file = Path(params_file).resolve()
+def _composition(params_file: Path, profile: str | None, overrides) -> tuple[Path, Params | None, Path]:
+    """``(project, composed params or None for the project itself, workspace)``; validates, writes nothing."""
     project = params_file.parent
     if not profile and not overrides:
-        return project
+        return project, None, project
     params = load_params(params_file, overrides, profile)
     ws = (project / params.paths.root).resolve()
     if ws == project or project not in ws.parents:
         raise PgrankError(f"paths.root={params.paths.root!r}: a profile's root must be a folder inside {project}")
+    return project, params, ws
+
+
+def locked(ws: Path):
+    """The lock of workspace ``ws`` (a context manager); raises :class:`pgrank.atomic.Busy` when it is taken."""
+    return exclusive(ws / LOCK_NAME, what=f"the pipeline workspace {ws}", wait=False)
+
+
+def prepare(params_file: str | Path, profile: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Path:
+    """The directory to run ``dvc`` in for this profile and these overrides (see the module docstring).
+
+    Without a profile or overrides it is the project itself. Raises :class:`PgrankError` (via the
+    config) for an invalid composition, before anything is written, and :class:`pgrank.atomic.Busy`
+    while another process holds the workspace (a running pipeline).
+    """
+    project, params, ws = _composition(Path(params_file).resolve(), profile, overrides)
+    if params is None:
+        return project
     ws.mkdir(parents=True, exist_ok=True)
+    with locked(ws):
+        _compose(project, params, ws, profile, overrides)
+    return ws
+
+
+def _compose(project: Path, params: Params, ws: Path, profile: str | None, overrides) -> None:
     for name in SYNCED:
         if not (project / name).exists():
             raise PgrankError(f"{project / name}: missing; run from a pgrank checkout")
@@ -116,7 +142,6 @@ def prepare(params_file: str | Path, profile: str | None = None, overrides: list
     if not (ws / ".dvc").is_dir():
         run_dvc(["init", "--no-scm", "-q"], ws)
     _write_if_changed(ws / ".dvc" / "config", DVC_CONFIG.encode())
-    return ws
 
 
 # Read by the CLI, so never passed to stage commands: a workspace's params.yaml is composed already.
@@ -150,10 +175,13 @@ def repro(params_file: str | Path, profile: str | None = None, overrides: list[s
     """
     from pgrank import tracking
 
-    ws = prepare(params_file, profile, overrides)
-    args = ["repro", *(["--dry"] if dry else []), *targets]
-    with pipeline_run(ws, profile, overrides, enabled=not dry) as run_id, _env(tracking.PARENT_ENV, run_id):
-        run_dvc(args, ws)
+    _, _, ws = _composition(Path(params_file).resolve(), profile, overrides)
+    ws.mkdir(parents=True, exist_ok=True)
+    with locked(ws):  # held from composing the files to the end of the run
+        prepare(params_file, profile, overrides)
+        args = ["repro", *(["--dry"] if dry else []), *targets]
+        with pipeline_run(ws, profile, overrides, enabled=not dry) as run_id, _env(tracking.PARENT_ENV, run_id):
+            run_dvc(args, ws)
     return ws
 
 

@@ -15,9 +15,11 @@ Everything is written atomically, so a kill leaves the previous complete checkpo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,9 +42,42 @@ def save_model(model: Any, path: Path, meta: dict, *, document_model: Any | None
         router = Router.for_query_document(query_modules=list(model), document_modules=list(document_model))
         to_save = SentenceTransformer(modules=[router], device=str(next(model.parameters()).device))
         to_save.similarity_fn_name = model.similarity_fn_name
-    with atomic_path(path, directory=True) as tmp:
+    with atomic_path(path, directory=True) as tmp, _saved_as_loaded(model, document_model):
         to_save.save(str(tmp), safe_serialization=True)
         (tmp / CHECKPOINT_META).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+
+
+@contextlib.contextmanager
+def _saved_as_loaded(*models: Any) -> Iterator[None]:
+    """Save ``models`` with bytes that depend on their weights only, and leave them as they were.
+
+    Two side effects of sentence-transformers' ``save`` made a resumed run's checkpoints differ from
+    an uninterrupted run's:
+
+    * the model card's usage example *encodes* sentences, and ``encode`` switches every module it runs
+      to eval mode. For a ``tower: query`` checkpoint the Router is built from the training model's
+      own modules, so after the first save the training went on without dropout (the model's own
+      ``training`` flag still said True), while a resumed run, which calls ``train()``, had dropout:
+      different weights. The modules' modes are restored here.
+    * a fast tokenizer keeps the truncation and padding of its last call in its backend, and
+      ``save_pretrained`` writes them into ``tokenizer.json``: the file recorded what the model had
+      encoded before (a resumed run's fresh document tower had encoded nothing and saved the shipped
+      ``max_length: 128`` / ``Fixed 128``; an uninterrupted one, ``256`` / ``BatchLongest``). Both are
+      cleared before saving; every call sets its own, so nothing reads them.
+    """
+    models = [m for m in models if m is not None]
+    modules = [module for model in models for module in model.modules()]
+    modes = [module.training for module in modules]
+    for module in modules:
+        backend = getattr(getattr(module, "tokenizer", None), "backend_tokenizer", None)
+        if backend is not None:
+            backend.no_truncation()
+            backend.no_padding()
+    try:
+        yield
+    finally:
+        for module, mode in zip(modules, modes):
+            module.training = mode
 
 
 @dataclass
@@ -58,11 +93,13 @@ class TrainerState:
     cuda_rng: list[torch.Tensor] = field(default_factory=list)
     python_rng: tuple | None = None
     history: list[dict] = field(default_factory=list)
+    curve: list[dict] = field(default_factory=list)  # per-step points of the finished epochs (curve.csv)
+    mlflow_run_id: str | None = None  # the run that saved this state: a resumed run links to it
 
 
 def save_state(path: Path, model: Any, state: TrainerState) -> None:
     """Write the resumable state (model + trainer) atomically as one folder."""
-    with atomic_path(path, directory=True) as tmp:
+    with atomic_path(path, directory=True) as tmp, _saved_as_loaded(model):
         model.save(str(tmp / "model"), safe_serialization=True)
         torch.save(
             {
@@ -75,6 +112,8 @@ def save_state(path: Path, model: Any, state: TrainerState) -> None:
                 "cuda_rng": state.cuda_rng,
                 "python_rng": _py_rng_to_list(state.python_rng),
                 "history": json.dumps(state.history),
+                "curve": json.dumps(state.curve),
+                "mlflow_run_id": state.mlflow_run_id or "",
             },
             tmp / TRAINER_STATE,
         )
@@ -90,6 +129,7 @@ def load_state(path: Path) -> TrainerState | None:
         epoch=raw["epoch"], step=raw["step"], fingerprint=raw["fingerprint"], optimizer=raw["optimizer"],
         scheduler=raw["scheduler"], torch_rng=raw["torch_rng"], cuda_rng=list(raw["cuda_rng"]),
         python_rng=_py_rng_from_list(raw["python_rng"]), history=json.loads(raw["history"]),
+        curve=json.loads(raw.get("curve", "[]")), mlflow_run_id=raw.get("mlflow_run_id") or None,
     )
 
 

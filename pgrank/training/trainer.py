@@ -293,8 +293,10 @@ def train(params: Params, paths: Paths, warm_start: str, *, device: str | None =
                 model[0].max_seq_length = cfg.max_doc_length
 
     run_params = {"train": params.train.model_dump(mode="json"), "data.train": params.data.train, "warm_start": ref.key}
+    # A resumed run links the run that saved the state it continues (killed runs are marked KILLED).
+    resumed = {"pgrank.resumed_from": state.mlflow_run_id} if state.epoch and state.mlflow_run_id else {}
     with tracking.stage_run(params, paths, f"train-{warm_start}", log_params=run_params,
-                            tags={"stage": "train", "warm_start": warm_start},
+                            tags={"stage": "train", "warm_start": warm_start, **resumed},
                             enabled=world.is_main and params.tracking.enabled, resources=True) as run:
         if state.epoch == 0 and not state.history:
             metrics = validate(model, val_examples, val_qrels, params, frozen=frozen, corpus=corpus, world=world)
@@ -344,14 +346,17 @@ def train(params: Params, paths: Paths, warm_start: str, *, device: str | None =
                 state.epoch = epoch
                 state.optimizer, state.scheduler = optimizer.state_dict(), scheduler.state_dict()
                 checkpoints.capture_rng(state)
-                _append_curve(paths.training_log(warm_start) / "curve.csv", curve)
+                state.mlflow_run_id = run.info.run_id if run is not None else None
+                state.curve += curve  # the state holds the whole curve: DVC deletes curve.csv before a rerun
                 curve = []
+                _write_curve(paths.training_log(warm_start) / "curve.csv", state.curve)
                 checkpoints.save_state(state_dir, model, state)
             distributed.barrier(world)
 
         final = paths.checkpoint(warm_start, cfg.epochs)
         version = None
         if world.is_main:
+            _write_curve(paths.training_log(warm_start) / "curve.csv", state.curve)  # also when resumed at the end
             write_json(paths.training_log(warm_start) / "history.json", state.history)
             if run is not None:
                 tracking.log_artifact(run, str(paths.training_log(warm_start) / "history.json"))
@@ -364,10 +369,9 @@ def train(params: Params, paths: Paths, warm_start: str, *, device: str | None =
     return TrainResult(model_dir, final, state.history, version)
 
 
-def _append_curve(path: Path, points: list[dict]) -> None:
-    """Append per-step points to ``curve.csv`` atomically (rewrite with the new rows)."""
+def _write_curve(path: Path, points: list[dict]) -> None:
+    """Write ``curve.csv`` atomically: every per-step point of the finished epochs, from the trainer state."""
     header = "step,epoch,loss,utility,grad_norm,entropy\n"
-    old = path.read_text() if path.is_file() else header
     rows = "".join(f"{p['step']},{p['epoch']},{p['loss']:.8g},{p['utility']:.8g},{p['grad_norm']:.8g},{p['entropy']:.8g}\n"
                    for p in points)
-    write_text(path, old + rows)
+    write_text(path, header + rows)

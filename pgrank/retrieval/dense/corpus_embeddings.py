@@ -10,10 +10,12 @@ their own, at ``Paths.corpus_embeddings(model key, max_seq_length, corpus sha256
     meta.json           written last: its presence means the artifact is complete
 
 Encoding goes shard by shard, so an interruption loses at most the shard in flight: the next run
-finds the finished shards (same plan, right shape) and encodes only the rest. Readers open the
-shards memory-mapped and hand them out one block at a time as float32. Rows are the rows of the corpus
-store (:mod:`pgrank.data.corpus_store`: the corpus file's order), whose ids and id lookup go with them;
-the texts of each shard are read from the store when the shard is encoded, so no stage holds the corpus.
+finds the finished shards (same plan, right shape) and encodes only the rest. The artifacts are shared
+by profiles and stages, so one process builds an artifact under its lock (``.NAME.lock`` beside it)
+while any other that needs it waits, then reads it. Readers open the shards memory-mapped and hand
+them out one block at a time as float32. Rows are the rows of the corpus store
+(:mod:`pgrank.data.corpus_store`: the corpus file's order), whose ids and id lookup go with them; the
+texts of each shard are read from the store when the shard is encoded, so no stage holds the corpus.
 
 Document text follows BEIR (``DenseRetrievalExactSearch`` / ``SentenceBERT.encode_corpus``):
 ``(title + " " + text).strip()``. Models are applied as saved: a model whose pipeline ends in a
@@ -40,7 +42,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from tqdm.auto import tqdm
 
-from pgrank.atomic import atomic_path, write_json
+from pgrank.atomic import atomic_path, exclusive, lock_file, write_json
 from pgrank.data.beir import document_text
 from pgrank.data.corpus_store import CorpusStore
 from pgrank.errors import DataError
@@ -194,6 +196,16 @@ def build_corpus_embeddings(
     num_docs, texts = row_texts(corpus)
     if not num_docs:
         raise DataError("cannot embed an empty corpus")
+    # paths.embeddings is shared by profiles and stages: one process encodes, the others wait and reuse it.
+    with exclusive(lock_file(folder), what=f"the corpus-embedding artifact {folder}"):
+        if (folder / "meta.json").is_file():
+            return open_corpus_embeddings(folder)
+        return _build(load_model, model_key, num_docs, texts, folder, corpus_sha256=corpus_sha256, max_seq_length=max_seq_length,
+                      batch_size=batch_size, chunk_size=chunk_size, show_progress=show_progress)
+
+
+def _build(load_model, model_key, num_docs: int, texts, folder: Path, *, corpus_sha256, max_seq_length, batch_size, chunk_size,
+           show_progress) -> CorpusEmbeddings:
     folder.mkdir(parents=True, exist_ok=True)
     plan = {"model": model_key, "max_seq_length": max_seq_length, "corpus_sha256": corpus_sha256,
             "num_docs": num_docs, "chunk_size": chunk_size, "text": "(title + ' ' + text).strip()"}

@@ -1,0 +1,61 @@
+"""MLflow after kill -9: a run whose process died is marked KILLED by the next stage, a live one is not.
+
+A process SIGKILLed inside ``tracking.stage_run`` never ends its run, so MLflow would show it RUNNING
+forever. The next stage that opens the store (``tracking.configure``) ends it; the kill harness checks
+the same on the real pipeline, and that a resumed training run names the run it continues.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import yaml
+
+from pgrank import tracking
+from pgrank.config import load_params
+from pgrank.paths import Paths
+
+ROOT = Path(__file__).resolve().parents[2]
+
+STAGE = textwrap.dedent("""
+    import os, signal, sys, time
+    from pgrank import tracking
+    from pgrank.config import load_params
+    from pgrank.paths import Paths
+
+    params = load_params(sys.argv[1])
+    with tracking.stage_run(params, Paths.from_config(params.paths, base=os.path.dirname(sys.argv[1])), sys.argv[2],
+                            tags={"stage": "train"}) as run:
+        print(run.info.run_id, flush=True)
+        if sys.argv[2] == "killed":
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(120)
+""")
+
+
+def test_a_run_whose_process_was_killed_is_ended_and_a_live_one_is_not(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    doc = yaml.safe_load((ROOT / "params.yaml").read_text())
+    doc["paths"] = {"root": "runs", "data": "data", "embeddings": "emb"}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(doc))
+    params = load_params(tmp_path / "params.yaml")
+    killed = subprocess.run([sys.executable, "-c", STAGE, str(tmp_path / "params.yaml"), "killed"],
+                            capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    live = subprocess.Popen([sys.executable, "-c", STAGE, str(tmp_path / "params.yaml"), "live"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        live_id = live.stdout.readline().strip()
+        tracking.configure(params, Paths.from_config(params.paths, base=tmp_path))  # what the next stage does
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking.tracking_uri(params, Paths.from_config(params.paths, base=tmp_path)))
+        dead = client.get_run(killed.stdout.strip())
+        assert dead.info.status == "KILLED" and "pgrank.ended" in dead.data.tags
+        assert client.get_run(live_id).info.status == "RUNNING"  # its process is still there
+    finally:
+        live.kill()
+        live.wait()
