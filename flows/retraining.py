@@ -118,8 +118,10 @@ def gate_workspace(ws: Path, parent_run_id: str | None) -> Decision:
     if not challengers:
         known = registry.versions(client, name)
         if current is not None or not known:
-            return Decision(False, "nothing was retrained: this run registered no new model version (DVC found the "
-                            "data and the settings unchanged)", cfg.metric, champion=current)
+            decision = Decision(False, "nothing was retrained: this run registered no new model version (DVC found "
+                                "the data and the settings unchanged)", cfg.metric, champion=current)
+            registry.log_decision(params, paths, decision, parent_run_id=parent_run_id)
+            return decision
         challengers = known[-1:]  # registered earlier (e.g. by `pgrank repro`) and never gated
     if cfg.gate_set == "frozen":
         gate_set = gate.frozen_gate_set(client, params, paths) or gate.freeze_gate_set(client, params, paths, parent_run_id)

@@ -128,6 +128,9 @@ def freeze_gate_set(client: MlflowClient, params: Params, paths: Paths, parent_r
     """Freeze ``data.train``'s current validation carve-out (judgments, texts, candidate sets) as the gate set."""
     import mlflow
 
+    from pgrank import tracking
+
+    tracking.configure(params, paths)  # the run goes to the registry's store
     dataset, split = params.data.train.split("/")
     queries, qrels = load_topics(paths, dataset, VALIDATION)
     candidates = read_run(paths.candidates(dataset, VALIDATION))
