@@ -250,6 +250,8 @@ def schedule_cmd(
     timezone: Annotated[str, typer.Option("--timezone", help="IANA time zone of the cron string.")] = "UTC",
     start_from: Annotated[str, typer.Option("--start-from", help="warm_start (train.warm_starts) or champion "
                                             "(continual: from the current champion version).")] = "warm_start",
+    max_workers: Annotated[Optional[int], typer.Option("--max-workers", help="At most this many stages at once "
+                                                       "(1 on a 2-core machine).")] = None,
 ) -> None:
     """Scheduled retraining (pipeline, then the champion gate) against PREFECT_API_URL: served here, or deployed to --pool."""
     from flows.retraining import cron_schedule, deploy, serve
@@ -258,11 +260,11 @@ def schedule_cmd(
     ctx.obj.params()  # so does a bad configuration
     args = (ctx.obj.params_file, ctx.obj.profile, ctx.obj.overrides, cron)
     if pool is None:
-        serve(*args, name=name, timezone=timezone, start_from=start_from)
+        serve(*args, name=name, timezone=timezone, start_from=start_from, max_workers=max_workers)
         return
     from prefect.settings import PREFECT_UI_URL
 
-    deployment_id = deploy(*args, pool=pool, name=name, timezone=timezone, start_from=start_from)
+    deployment_id = deploy(*args, pool=pool, name=name, timezone=timezone, start_from=start_from, max_workers=max_workers)
     full_name = f"pgrank-retrain/{name or 'retrain-' + (ctx.obj.profile or 'paper')}"
     typer.echo(f"deployment {full_name} ({deployment_id}) in work pool {pool!r}, cron {cron!r} ({timezone})")
     typer.echo(f"  runs when a worker polls the pool: prefect worker start --pool {pool}")

@@ -148,7 +148,8 @@ def gate_workspace(ws: Path, parent_run_id: str | None) -> Decision:
 
 @flow(name=FLOW_NAME)
 def pgrank_retrain(profile: str | None = None, overrides: list[str] | None = None,
-                   params_file: str = "params.yaml", start_from: StartFrom = "warm_start") -> Decision:
+                   params_file: str = "params.yaml", start_from: StartFrom = "warm_start",
+                   max_workers: int | None = None) -> Decision:
     """Re-run the pipeline for a profile and promote its new model only if it passes the champion gate.
 
     Args:
@@ -157,10 +158,12 @@ def pgrank_retrain(profile: str | None = None, overrides: list[str] | None = Non
         params_file: the project's params file.
         start_from: ``warm_start`` (train from ``train.warm_starts``) or ``champion`` (continual: train
             from the current champion version).
+        max_workers: at most this many stages at once (``None``: the thread pool's default); 1 on a
+            2-core machine keeps two stages from encoding the same corpus at the same time.
     """
     overrides = list(overrides or [])
     extra = retraining_overrides(str(Path(params_file).resolve()), profile, overrides, start_from)
-    run = pgrank_pipeline(profile=profile, overrides=overrides + extra, params_file=params_file)
+    run = pgrank_pipeline(profile=profile, overrides=overrides + extra, params_file=params_file, max_workers=max_workers)
     return champion_gate(run.workspace, run.mlflow_run_id)
 
 
@@ -223,21 +226,24 @@ def check_pool(pool: str) -> None:
 
 
 def _deployment(params_file: str | Path, profile: str | None, overrides: list[str], cron: str, name: str | None,
-                timezone: str, start_from: str) -> dict:
+                timezone: str, start_from: str, max_workers: int | None) -> dict:
     if start_from not in START_FROM:
         raise PgrankError(f"--start-from {start_from!r}: expected one of {', '.join(START_FROM)}")
+    if max_workers is not None and max_workers < 1:
+        raise PgrankError(f"--max-workers {max_workers}: expected at least 1")
     return dict(
         name=name or f"retrain-{profile or 'paper'}",
         schedule=cron_schedule(cron, timezone),
         parameters={"profile": profile, "overrides": list(overrides), "params_file": str(Path(params_file).resolve()),
-                    "start_from": start_from},
+                    "start_from": start_from, "max_workers": max_workers},
         description=f"Scheduled retraining ({profile or 'paper'} profile, from the {start_from.replace('_', ' ')}): "
                     "the pipeline, then the champion gate.",
     )
 
 
 def serve(params_file: str | Path, profile: str | None, overrides: list[str], cron: str, *,
-          name: str | None = None, timezone: str = "UTC", start_from: str = "warm_start") -> None:
+          name: str | None = None, timezone: str = "UTC", start_from: str = "warm_start",
+          max_workers: int | None = None) -> None:
     """Serve a deployment of :func:`pgrank_retrain` with a cron schedule until interrupted.
 
     The deployment is ``pgrank-retrain/<name>`` (default ``retrain-<profile or paper>``); scheduled runs
@@ -245,13 +251,14 @@ def serve(params_file: str | Path, profile: str | None, overrides: list[str], cr
     """
     from prefect.types.entrypoint import EntrypointType
 
-    spec = _deployment(params_file, profile, overrides, cron, name, timezone, start_from)
+    spec = _deployment(params_file, profile, overrides, cron, name, timezone, start_from, max_workers)
     check_server()
     pgrank_retrain.serve(**spec, entrypoint_type=EntrypointType.MODULE_PATH)
 
 
 def deploy(params_file: str | Path, profile: str | None, overrides: list[str], cron: str, *, pool: str,
-           name: str | None = None, timezone: str = "UTC", start_from: str = "warm_start") -> str:
+           name: str | None = None, timezone: str = "UTC", start_from: str = "warm_start",
+           max_workers: int | None = None) -> str:
     """Create (or update) the deployment in a process work pool; returns its id.
 
     The schedule lives in the Prefect server; ``prefect worker start --pool POOL``, started where pgrank
@@ -259,7 +266,7 @@ def deploy(params_file: str | Path, profile: str | None, overrides: list[str], c
     """
     from prefect.types.entrypoint import EntrypointType
 
-    spec = _deployment(params_file, profile, overrides, cron, name, timezone, start_from)
+    spec = _deployment(params_file, profile, overrides, cron, name, timezone, start_from, max_workers)
     check_server()
     check_pool(pool)
     project = Path(params_file).resolve().parent

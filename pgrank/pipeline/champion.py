@@ -80,10 +80,12 @@ class Decision:
     def markdown(self) -> str:
         """The decision and its table, as shown in the Prefect UI and logged to MLflow."""
         verdict = "**Promoted**" if self.promoted else "**Kept the champion**"
-        lines = [f"# Champion gate: {verdict}", "", self.message, "",
-                 f"Gate set: {self.gate} ({self.queries} queries). Rule: promote if the challenger's mean "
-                 f"`{self.metric}` beats the champion's by more than {self.min_gain:g}"
-                 + (f" with a paired {self.test} test p < {self.alpha:g}." if self.alpha is not None else "."), ""]
+        lines = [f"# Champion gate: {verdict}", "", self.message, ""]
+        if not self.rows:
+            return "\n".join(lines)
+        lines += [f"Gate set: {self.gate} ({self.queries} queries). Rule: promote if the challenger's mean "
+                  f"`{self.metric}` beats the champion's by more than {self.min_gain:g}"
+                  + (f" with a paired {self.test} test p < {self.alpha:g}." if self.alpha is not None else "."), ""]
         champ = f"champion (v{self.champion})" if self.champion else "champion (none)"
         lines += [f"| metric | {champ} | challenger (v{self.challenger}) | gain | p ({self.test}) |",
                   "| --- | ---: | ---: | ---: | ---: |"]

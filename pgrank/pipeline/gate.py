@@ -50,7 +50,7 @@ class GateSet:
     dataset: str  # whose corpus the documents come from
     queries: dict[str, str]
     qrels: Qrels
-    candidates: dict[str, dict[str, float]] | None  # None: champion.stage full
+    candidates: dict[str, dict[str, float]] | None  # what champion.stage rerank reranks (None: not mined)
     holdout: Path | None = None  # the judgments file handed to the pipeline as data.holdout (frozen sets)
 
 
@@ -231,7 +231,9 @@ def evaluate_version(params: Params, paths: Paths, gate: GateSet, model: Version
                                batch_size=cfg.batch_size)
     qids = list(gate.queries)
     encoded = retriever.encode([gate.queries[q] for q in qids])
-    if gate.candidates is not None:
+    if params.champion.stage == "rerank":
+        if gate.candidates is None:
+            raise PgrankError(f"gate set {gate.description}: no candidate sets to rerank; set champion.stage: full")
         known = set(retriever.doc_ids)  # a document deleted from the corpus since the freeze can't be ranked
         candidates = {q: {d: s for d, s in docs.items() if d in known} for q, docs in gate.candidates.items()}
         run = rerank_run(retriever, encoded, qids, candidates)

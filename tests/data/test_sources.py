@@ -331,3 +331,27 @@ def test_a_holdout_keeps_its_queries_in_validation_however_the_data_grows(tmp_pa
     assert "q3" not in {r.split("\t")[0] for r in carved("train")}
     with pytest.raises(DataError, match="data.holdout 'nope.tsv': no such file"):
         run_download(tmp_path, {"path": str(src)}, holdout="nope.tsv")
+
+
+def test_a_zip_imported_with_dvc_import_url_is_a_source_and_dvc_update_brings_the_new_version(tmp_path, served):
+    root, base, _ = served
+    src = write_beir(tmp_path / "acme-beir")
+    (root / "acme.zip").write_bytes(zip_of(src))
+    project = tmp_path / "project"
+    (project / "sources").mkdir(parents=True)
+    dvc = lambda *args: subprocess.run(["dvc", *args], cwd=project, capture_output=True, text=True, check=True)  # noqa: E731
+    dvc("init", "--no-scm", "-q")
+    dvc("import-url", f"{base}/acme.zip", "sources/acme.zip")  # DVC records where it came from
+    report, paths = run_download(project, {"path": "sources/acme.zip"})
+    assert report.datasets[0].status == "validated"
+    first = manifest(paths)
+
+    with open(src / "qrels" / "train.tsv", "a") as fh:  # the publisher adds judgments
+        fh.write("q5\td2\t1\n")
+    (root / "acme.zip").write_bytes(zip_of(src))
+    os.utime(root / "acme.zip", (time.time() + 5, time.time() + 5))
+    assert run_download(project, {"path": "sources/acme.zip"})[0].datasets[0].status == "present"  # not updated yet
+    dvc("update", "sources/acme.zip.dvc")
+    report, _ = run_download(project, {"path": "sources/acme.zip"})
+    assert report.datasets[0].status == "validated"
+    assert {k for k in first if first[k] != manifest(paths)[k]} == {"qrels/train.tsv"}

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 from shrunk import project_copy
 
-pytestmark = [pytest.mark.slow, pytest.mark.integration]
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(7200)]
 
 FIRST, DISTRACTORS, TEST = 130, 1200, 100
 
@@ -73,8 +73,9 @@ def test_new_judgments_promote_a_better_model_and_noise_keeps_the_champion(prefe
     monkeypatch.delenv("PGRANK_BEIR_MIRROR", raising=False)
     overrides = [f"data.sources={{sci: {{path: {source}}}}}", "data.train=sci/train", "data.eval_sets={sci: [test]}",
                  "data.validation_size=100", "evaluate.policy_epochs=[]"]
-    run = lambda start_from="warm_start": pgrank_retrain(  # noqa: E731
-        profile="demo", overrides=overrides, params_file=str(project / "params.yaml"), start_from=start_from)
+    run = lambda start_from="warm_start": pgrank_retrain(  # noqa: E731  (one stage at a time: two cores)
+        profile="demo", overrides=overrides, params_file=str(project / "params.yaml"), start_from=start_from,
+        max_workers=1)
     ws = project / "runs" / "demo"
     client = MlflowClient(f"sqlite:///{ws / 'mlflow.db'}")
     figures = {}

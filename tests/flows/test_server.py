@@ -111,7 +111,7 @@ def test_schedule_serves_a_deployment_with_the_cron_schedule_that_runs(prefect_s
             assert deployment is not None, serving.stderr.read() if serving.poll() is not None else "timed out"
             assert [s.schedule.cron for s in deployment.schedules] == ["0 3 * * 0"]
             assert deployment.parameters == {"profile": None, "overrides": [], "params_file": str(toy / "params.yaml"),
-                                             "start_from": "warm_start"}
+                                             "start_from": "warm_start", "max_workers": None}
             assert deployment.entrypoint == "flows.retraining.pgrank_retrain"
             run = client.create_flow_run_from_deployment(deployment.id)  # what the schedule does each Sunday
             state = _wait_final(client, run.id, 180).state
@@ -132,6 +132,8 @@ class WorkerRun:
     deployment: object
     flow_run: object
     pipeline_run: object
+    again: object  # a second run, with nothing changed
+    again_pipeline: object
     schedule_output: str
     shots: Path
 
@@ -154,31 +156,31 @@ def worker_run(prefect_server, tmp_path_factory, beir_mirror, tiny_model_dir) ->
     assert created.returncode == 0, created.stdout + created.stderr
     sets = [a for o in shrunk_overrides(tiny_model_dir) for a in ("--set", o)]
     scheduled = _cli(["--profile", "demo", *sets, "schedule", "--cron", "0 3 * * 0", "--pool", POOL, "--name", DEPLOYMENT],
-                     project, env)
+                     project, env)  # default max_workers: every stage is submitted at once, upstream stages still running
     assert scheduled.returncode == 0, scheduled.stderr
     worker = subprocess.Popen(["prefect", "worker", "start", "--pool", POOL, "--type", "process"], cwd=tmp, env=env,
                               stdout=open(tmp / "worker.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
     try:
         with get_client(sync_client=True) as client:
             deployment = client.read_deployment_by_name(f"pgrank-retrain/{DEPLOYMENT}")
-            run = client.create_flow_run_from_deployment(deployment.id)  # what the schedule does each Sunday
-            run = _wait_final(client, run.id, 900)
-            (pipeline,) = client.read_flow_runs(flow_run_filter=FlowRunFilter(
-                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[run.id])))
+            runs = []
+            for _ in range(2):  # what the schedule does each Sunday; the second time nothing has changed
+                run = _wait_final(client, client.create_flow_run_from_deployment(deployment.id).id, 900)
+                assert run.state.is_completed(), f"{run.state}\n{(tmp / 'worker.log').read_text()[-4000:]}"
+                (pipeline,) = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+                    parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[run.id])))
+                runs += [run, pipeline]
     finally:
         stop(worker)
-    assert run.state.is_completed(), f"{run.state}\n{(tmp / 'worker.log').read_text()[-4000:]}"
-    return WorkerRun(prefect_server, project, project / "runs" / "demo", deployment, run, pipeline, scheduled.stdout,
+    return WorkerRun(prefect_server, project, project / "runs" / "demo", deployment, *runs, scheduled.stdout,
                      tmp / "screenshots")
 
 
 @pytest.mark.integration
+@pytest.mark.timeout(1800)  # whichever runs first sets up `worker_run`: the shrunk demo, run twice by the worker
 def test_a_worker_runs_the_deployment_one_task_per_dvc_stage_with_logs_and_the_gate_artifact(worker_run):
     from mlflow.tracking import MlflowClient
-    from prefect import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
 
-    from flows.retraining import ARTIFACT_KEY
     from pgrank.pipeline.workspace import run_dvc
 
     deployment, ws = worker_run.deployment, worker_run.workspace
@@ -194,21 +196,48 @@ def test_a_worker_runs_the_deployment_one_task_per_dvc_stage_with_logs_and_the_g
     for t in tasks:
         assert f"Running stage '{t.name}'" in task_log(t), t.name  # DVC's output, streamed into the task's log
 
-    with get_client(sync_client=True) as client:
-        (artifact,) = client.read_artifacts(artifact_filter=ArtifactFilter(
-            key=ArtifactFilterKey(any_=[ARTIFACT_KEY]), flow_run_id=ArtifactFilterFlowRunId(any_=[worker_run.flow_run.id])))
-    assert artifact.type == "markdown" and "# Champion gate: **Promoted**" in artifact.data
-    assert "there was no champion yet" in artifact.data and "| **ndcg@10** |" in artifact.data
+    artifact = _gate_artifact(worker_run.flow_run.id)
+    assert "# Champion gate: **Promoted**" in artifact
+    assert "there was no champion yet" in artifact and "| **ndcg@10** |" in artifact
 
     client = MlflowClient(f"sqlite:///{ws / 'mlflow.db'}")
     version = client.get_model_version_by_alias("pgrank-retriever", "champion")
     assert version.tags["pgrank.gate"].startswith("promoted: there was no champion yet")
     gate_runs = client.search_runs([client.get_experiment_by_name("pgrank").experiment_id], "tags.stage = 'gate'")
-    assert [r.data.tags["pgrank.gate.decision"] for r in gate_runs] == ["promoted"]
+    assert sorted(r.data.tags["pgrank.gate.decision"] for r in gate_runs) == ["kept", "promoted"]  # two runs
     assert client.get_registered_model("pgrank-retriever").tags["pgrank.gate_set"]  # the gate set is frozen
 
 
+def _gate_artifact(flow_run_id) -> str:
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
+
+    from flows.retraining import ARTIFACT_KEY
+
+    with get_client(sync_client=True) as client:
+        (artifact,) = client.read_artifacts(artifact_filter=ArtifactFilter(
+            key=ArtifactFilterKey(any_=[ARTIFACT_KEY]), flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+    assert artifact.type == "markdown"
+    return artifact.data
+
+
 @pytest.mark.integration
+@pytest.mark.timeout(1800)  # whichever runs first sets up `worker_run`: the shrunk demo, run twice by the worker
+def test_a_run_with_nothing_changed_retrains_nothing_and_keeps_the_champion_for_that_reason(worker_run):
+    from mlflow.tracking import MlflowClient
+
+    tasks = task_runs(worker_run.again_pipeline.id)
+    assert all(t.state.is_completed() for t in tasks) and len(tasks) == len(task_runs(worker_run.pipeline_run.id))
+    ran = [t.name for t in tasks if "Running stage" in task_log(t)]
+    assert ran == ["download"]  # it re-fingerprints the data; DVC skips every other stage
+    assert "# Champion gate: **Kept the champion**" in _gate_artifact(worker_run.again.id)
+    assert "nothing was retrained: this run registered no new model version" in _gate_artifact(worker_run.again.id)
+    client = MlflowClient(f"sqlite:///{worker_run.workspace / 'mlflow.db'}")
+    assert str(client.get_model_version_by_alias("pgrank-retriever", "champion").version) == "1"
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(1800)  # whichever runs first sets up `worker_run`: the shrunk demo, run twice by the worker
 def test_each_task_runs_only_after_its_upstream_stages_finished(worker_run):
     from flows.pipeline import stage_graph
 
@@ -221,9 +250,10 @@ def test_each_task_runs_only_after_its_upstream_stages_finished(worker_run):
             assert tasks[stage].start_time >= tasks[u].end_time, (stage, u, tasks[stage].start_time, tasks[u].end_time)
             checked += 1
     assert checked >= 10
-    train = tasks["train@minilm"]
-    assert train.start_time >= tasks["mine-train"].end_time and train.total_run_time.total_seconds() < (
-        worker_run.pipeline_run.total_run_time.total_seconds())
+    # Submitted at once, so a task exists (Pending) while its upstream stages run; it starts only after them.
+    train, mine = tasks["train@minilm"], tasks["mine-train"]
+    assert train.created < mine.end_time <= train.start_time
+    assert train.total_run_time < worker_run.pipeline_run.total_run_time / 2  # its bar is its own stage, not the run
 
 
 def _chromium(url: str, *args: str) -> subprocess.CompletedProcess:
@@ -233,6 +263,7 @@ def _chromium(url: str, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.integration
+@pytest.mark.timeout(1800)  # whichever runs first sets up `worker_run`: the shrunk demo, run twice by the worker
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium (Debian: apt-get install chromium)")
 def test_the_ui_shows_the_deployment_and_the_completed_run(worker_run):
     ui, shots = worker_run.server.ui, worker_run.shots
