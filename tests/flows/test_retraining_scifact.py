@@ -1,8 +1,7 @@
 """Scheduled retraining on a dataset of your own that grows: real MiniLM, real scifact data (``-m slow``).
 
-The user's folder ``sci`` is real scifact: a corpus of the judged documents plus distractors, 100 test
-queries, and a training split that grows between three runs of the retraining flow (against a real
-Prefect server):
+The user's folder ``sci`` is real scifact (its whole corpus, 100 test queries) with a training split
+that grows between three runs of the retraining flow (against a real Prefect server):
 
 1. 130 training queries. 100 of them are the validation carve-out, which becomes the frozen gate set;
    the model trained on the other 30 becomes the first champion (there is none yet).
@@ -28,7 +27,7 @@ from shrunk import project_copy
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(7200)]
 
-FIRST, DISTRACTORS, TEST = 130, 1200, 100
+FIRST, TEST = 130, 100
 
 
 def _rows(text: str) -> list[list[str]]:
@@ -48,15 +47,12 @@ def write_source(scifact_zip: Path, folder: Path) -> tuple[list[list[str]], list
     test_qids = sorted({r[0] for r in test})[:TEST]
     test = [r for r in test if r[0] in set(test_qids)]
     first_qids = set(sorted({r[0] for r in train})[:FIRST])
-    judged = {r[1] for r in train + test}
-    others = sorted(d["_id"] for d in corpus if d["_id"] not in judged)
-    keep = judged | set(random.Random(0).sample(others, DISTRACTORS))
     (folder / "qrels").mkdir(parents=True)
-    (folder / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in corpus if d["_id"] in keep))
+    (folder / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in corpus))
     (folder / "queries.jsonl").write_text(queries)
     (folder / "qrels" / "test.tsv").write_text(_qrels(test))
     (folder / "qrels" / "train.tsv").write_text(_qrels([r for r in train if r[0] in first_qids]))
-    return [r for r in train if r[0] not in first_qids], sorted(keep)
+    return [r for r in train if r[0] not in first_qids], sorted(d["_id"] for d in corpus)
 
 
 def test_new_judgments_promote_a_better_model_and_noise_keeps_the_champion(prefect_server, beir_mirror, tmp_path,
