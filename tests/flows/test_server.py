@@ -252,8 +252,7 @@ def test_each_task_runs_only_after_its_upstream_stages_finished(worker_run):
     assert checked >= 10
     # Submitted at once, so a task exists (Pending) while its upstream stages run; it starts only after them.
     train, mine = tasks["train@minilm"], tasks["mine-train"]
-    assert train.created < mine.end_time <= train.start_time
-    assert train.total_run_time < worker_run.pipeline_run.total_run_time / 2  # its bar is its own stage, not the run
+    assert train.created < mine.end_time <= train.start_time  # its bar begins when its own stage does
 
 
 def _chromium(url: str, *args: str) -> subprocess.CompletedProcess:
