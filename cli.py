@@ -280,15 +280,33 @@ def demo_cmd(ctx: typer.Context) -> None:
 def schedule_cmd(
     ctx: typer.Context,
     cron: Annotated[str, typer.Option("--cron", help="Cron string, e.g. '0 3 * * 0' (Sundays 03:00).")],
+    pool: Annotated[Optional[str], typer.Option("--pool", help="Deploy to this process work pool (run it with "
+                                                 "`prefect worker start --pool NAME`) instead of serving from here.")] = None,
     name: Annotated[Optional[str], typer.Option("--name", help="Deployment name (default: retrain-<profile>).")] = None,
     timezone: Annotated[str, typer.Option("--timezone", help="IANA time zone of the cron string.")] = "UTC",
+    start_from: Annotated[str, typer.Option("--start-from", help="warm_start (train.warm_starts) or champion "
+                                            "(continual: from the current champion version).")] = "warm_start",
+    max_workers: Annotated[Optional[int], typer.Option("--max-workers", help="At most this many stages at once "
+                                                       "(1 on a 2-core machine).")] = None,
 ) -> None:
-    """Serve scheduled retraining (pipeline, then champion promotion on improvement) against PREFECT_API_URL."""
-    from flows.retraining import cron_schedule, serve
+    """Scheduled retraining (pipeline, then the champion gate) against PREFECT_API_URL: served here, or deployed to --pool."""
+    from flows.retraining import cron_schedule, deploy, serve
 
     cron_schedule(cron, timezone)  # a bad cron string fails before the server is contacted
     ctx.obj.params()  # so does a bad configuration
-    serve(ctx.obj.params_file, ctx.obj.profile, ctx.obj.overrides, cron, name=name, timezone=timezone)
+    args = (ctx.obj.params_file, ctx.obj.profile, ctx.obj.overrides, cron)
+    if pool is None:
+        serve(*args, name=name, timezone=timezone, start_from=start_from, max_workers=max_workers)
+        return
+    from prefect.settings import PREFECT_UI_URL
+
+    deployment_id = deploy(*args, pool=pool, name=name, timezone=timezone, start_from=start_from, max_workers=max_workers)
+    full_name = f"pgrank-retrain/{name or 'retrain-' + (ctx.obj.profile or 'paper')}"
+    typer.echo(f"deployment {full_name} ({deployment_id}) in work pool {pool!r}, cron {cron!r} ({timezone})")
+    typer.echo(f"  runs when a worker polls the pool: prefect worker start --pool {pool}")
+    typer.echo(f"  run it now: prefect deployment run '{full_name}'")
+    if PREFECT_UI_URL.value():
+        typer.echo(f"  UI: {PREFECT_UI_URL.value()}/deployments/deployment/{deployment_id}")
 
 
 if __name__ == "__main__":

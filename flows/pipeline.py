@@ -6,8 +6,9 @@ edges (``dvc dag --dot``), and submits one task per stage. Each task runs
 ``dvc --wait-for-lock repro --single-item <stage>``: DVC skips a stage that is up to date, records it
 in ``dvc.lock``, and releases its repository lock while the stage's command runs, so independent
 stages (for example the per-dataset evaluations) run in parallel through the task runner. Each task
-waits for the futures of the stages upstream of it, and streams DVC's output into its run logger
-(the task's logs in the Prefect UI).
+is submitted with the futures of the stages upstream of it as Prefect dependencies (``wait_for=``): it
+stays Pending until they are done and is Running only while its own DVC stage runs, so the flow-run
+graph shows what ran when. It streams DVC's output into its run logger (the task's logs in the UI).
 
 * Retries: the ``download`` stage (network) retries with exponential backoff.
 * MLflow: the flow opens the pipeline's parent run (:func:`pgrank.pipeline.workspace.pipeline_run`) and hands

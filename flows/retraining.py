@@ -1,62 +1,173 @@
-"""Scheduled retraining: re-run the pipeline, then promote the new model only if it is better.
+"""Scheduled retraining: re-run the pipeline, then promote the new model only if it passes a fair gate.
 
 Each run of :func:`pgrank_retrain`
 
-1. runs :func:`flows.pipeline.pgrank_pipeline` (a subflow; DVC re-runs only what changed),
-2. compares the validation nDCG@10 of the versions its training stages registered (or, when nothing
-   was retrained, the newest version) with the current champion's in MLflow,
-3. moves ``tracking.champion_alias`` on ``tracking.registered_model`` only on improvement
-   (:func:`pgrank.pipeline.champion.promote_if_better`).
+1. prepares its overrides (:func:`retraining_overrides`): the frozen gate set's judgments as
+   ``data.holdout``, so gate queries are never trained on; with ``start_from="champion"`` the current
+   champion, fetched from the registry, as the warm start (continual training);
+2. runs :func:`flows.pipeline.pgrank_pipeline` (a subflow; DVC re-runs only what changed: new
+   judgments or documents in a dataset of your own re-run its stages, unchanged data re-runs nothing);
+3. gates the versions this run registered against the champion (:func:`champion_gate`): both are
+   evaluated side by side on one fixed gate set (:mod:`pgrank.pipeline.gate`), and the alias
+   ``tracking.champion_alias`` moves only if the challenger beats the champion on ``champion.metric`` by
+   more than ``champion.min_gain`` with a paired test ``p < champion.alpha``
+   (:func:`pgrank.pipeline.champion.decide`). The decision and its table go to MLflow (run tags,
+   metrics, ``gate/decision.md``) and to this flow run as the markdown artifact ``champion-gate``.
 
-:func:`serve` (``pgrank schedule --cron ...``) serves a deployment of it with a cron schedule
-against the Prefect server at ``PREFECT_API_URL``; start one with::
+``pgrank schedule --cron ...`` puts it on a schedule against the Prefect server at ``PREFECT_API_URL``,
+either served from that process (:func:`serve`) or deployed to a process work pool that
+``prefect worker start --pool NAME`` runs (:func:`deploy`)::
 
-    prefect server start --host 127.0.0.1          # UI and API on http://127.0.0.1:4200
+    prefect server start --host 127.0.0.1                     # UI and API on http://127.0.0.1:4200
     prefect config set PREFECT_API_URL=http://127.0.0.1:4200/api
-    pgrank --profile demo schedule --cron "0 3 * * 0"   # Sundays 03:00 UTC; Ctrl-C stops serving
+    prefect work-pool create pgrank --type process
+    pgrank --profile demo schedule --cron "0 3 * * 0" --pool pgrank
+    prefect worker start --pool pgrank
 """
 
 # No `from __future__ import annotations`: Prefect validates flow parameters from their annotations,
-# and a flow run started by a served deployment cannot resolve postponed (string) ones.
+# and a flow run started by a deployment cannot resolve postponed (string) ones.
 
 from pathlib import Path
+from typing import Literal
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from flows.pipeline import pgrank_pipeline
 from pgrank.errors import PgrankError
-from pgrank.pipeline.champion import Decision, promote_if_better, versions_of_run
+from pgrank.pipeline.champion import Decision
 
 FLOW_NAME = "pgrank-retrain"
+ARTIFACT_KEY = "champion-gate"
+StartFrom = Literal["warm_start", "champion"]
+START_FROM = ("warm_start", "champion")
 
 
-@task(cache_policy=NO_CACHE)
-def promote_champion(workspace: str, parent_run_id: str | None) -> Decision:
-    """Promote the best model a pipeline run registered if it beats the champion (see the module docstring)."""
+def _registry(params, base: Path):
     from mlflow.tracking import MlflowClient
 
-    from pgrank.config import load_params
     from pgrank.paths import Paths
     from pgrank.tracking import tracking_uri
 
-    params = load_params(Path(workspace) / "params.yaml")
+    paths = Paths.from_config(params.paths, base=base)
+    return MlflowClient(tracking_uri(params, paths)), paths
+
+
+@task(cache_policy=NO_CACHE)
+def retraining_overrides(params_file: str, profile: str | None, overrides: list[str], start_from: StartFrom) -> list[str]:
+    """Overrides this run adds: ``data.holdout`` (the frozen gate set) and, for continual training, the champion as warm start."""
+    from pgrank.config import load_params
+    from pgrank.pipeline.champion import champion
+    from pgrank.pipeline.gate import fetch_version, holdout_override
+
+    if start_from not in START_FROM:
+        raise PgrankError(f"start_from={start_from!r}: expected one of {', '.join(START_FROM)}")
+    params = load_params(params_file, overrides, profile)
+    log = get_run_logger()
     if not params.tracking.enabled:
-        return Decision(False, "tracking.enabled is false: no registry to compare in")
-    client = MlflowClient(tracking_uri(params, Paths.from_config(params.paths, base=workspace)))
+        if start_from == "champion":
+            raise PgrankError("start_from='champion' needs the model registry: set tracking.enabled: true")
+        return []
+    client, paths = _registry(params, Path(params_file).resolve().parent)
+    extra = holdout_override(client, params, paths)
+    if extra:
+        log.info("gate queries held out of training: %s", extra[0])
+    if start_from == "champion":
+        name, alias = params.tracking.registered_model, params.tracking.champion_alias
+        version = champion(client, name, alias)
+        if version is None:
+            log.info("start_from=champion: %s has no %r yet; training from the configured warm start(s)", name, alias)
+        else:
+            model = fetch_version(client, paths, name, version)
+            dense = [s for s in params.evaluate.systems.dense if s != alias] + [alias]
+            extra += [f"models.aliases.{alias}={model.folder}", f"train.warm_starts=[{alias}]",
+                      f"evaluate.systems.dense=[{', '.join(dense)}]"]
+            log.info("continual training from %s version %s (%s)", name, version, model.folder)
+    return extra
+
+
+@task(cache_policy=NO_CACHE)
+def champion_gate(workspace: str, parent_run_id: str | None) -> Decision:
+    """Gate this run's new model versions against the champion on the gate set; move the alias only if one passes."""
+    from prefect.artifacts import create_markdown_artifact
+
+    decision = gate_workspace(Path(workspace), parent_run_id)
+    create_markdown_artifact(key=ARTIFACT_KEY, markdown=decision.markdown(), description=decision.message[:500])
+    get_run_logger().info("%s", decision.message)
+    return decision
+
+
+def gate_workspace(ws: Path, parent_run_id: str | None) -> Decision:
+    """The work of :func:`champion_gate` (callable without Prefect): see the module docstring, step 3."""
+    import numpy as np
+
+    from pgrank.config import load_params
+    from pgrank.pipeline import champion as registry
+    from pgrank.pipeline import gate
+
+    params = load_params(ws / "params.yaml")
+    cfg = params.champion
+    if not params.tracking.enabled:
+        return Decision(False, "tracking.enabled is false: there is no model registry to gate in", cfg.metric)
+    client, paths = _registry(params, ws)
     name, alias = params.tracking.registered_model, params.tracking.champion_alias
-    new = versions_of_run(client, name, parent_run_id) if parent_run_id else []
-    decision = promote_if_better(client, name, alias, candidates=new or None)
-    get_run_logger().info("%s: %s", name, decision.message)
+    current = registry.champion(client, name, alias)
+    retrained = registry.versions_of_run(client, name, parent_run_id) if parent_run_id else []
+    challengers = retrained
+    if not challengers:
+        known = registry.versions(client, name)
+        if current is not None or not known:
+            decision = Decision(False, "nothing was retrained: this run registered no new model version (DVC found "
+                                "the data and the settings unchanged)", cfg.metric, champion=current)
+            registry.log_decision(params, paths, decision, parent_run_id=parent_run_id)
+            return decision
+        challengers = known[-1:]  # registered earlier (e.g. by `pgrank repro`) and never gated
+    if cfg.gate_set == "frozen":
+        gate_set = gate.frozen_gate_set(client, params, paths) or gate.freeze_gate_set(client, params, paths, parent_run_id)
+    else:
+        gate_set = gate.named_gate_set(params, paths)
+    leaked = gate.trained_on_gate(params, paths, gate_set)
+    metrics, _, _ = gate.gate_metrics(params)
+    if leaked and retrained:
+        decision = Decision(False, f"the challenger trained on {len(leaked)} gate queries (e.g. {leaked[:3]}); run the "
+                            "pipeline through scheduled retraining, which holds them out", cfg.metric,
+                            challenger=challengers[-1], champion=current, gate=gate_set.description)
+        registry.log_decision(params, paths, decision, parent_run_id=parent_run_id)
+        return decision
+    per_query = {v: gate.evaluate_version(params, paths, gate_set, gate.fetch_version(client, paths, name, v))
+                 for v in dict.fromkeys([*challengers, *([current] if current else [])])}
+    best = max(challengers, key=lambda v: (np.mean([q[cfg.metric] for q in per_query[v].values()] or [0.0]), int(v)))
+    decision = registry.decide(per_query[best], per_query[current] if current else None, cfg, challenger=best,
+                               champion=current, metrics=metrics, gate=gate_set.description)
+    registry.apply(client, name, alias, decision)
+    registry.log_decision(params, paths, decision, parent_run_id=parent_run_id,
+                          per_query={f"v{v}": values for v, values in per_query.items()})
     return decision
 
 
 @flow(name=FLOW_NAME)
 def pgrank_retrain(profile: str | None = None, overrides: list[str] | None = None,
-                   params_file: str = "params.yaml") -> Decision:
-    """Re-run the pipeline for a profile and promote its model to champion only on improvement."""
-    run = pgrank_pipeline(profile=profile, overrides=list(overrides or []), params_file=params_file)
-    return promote_champion(run.workspace, run.mlflow_run_id)
+                   params_file: str = "params.yaml", start_from: StartFrom = "warm_start",
+                   max_workers: int | None = None) -> Decision:
+    """Re-run the pipeline for a profile and promote its new model only if it passes the champion gate.
+
+    Args:
+        profile: ``profiles/<name>.yaml`` laid over the params file (``None``: the paper).
+        overrides: ``--set``-style ``key=value`` overrides.
+        params_file: the project's params file.
+        start_from: ``warm_start`` (train from ``train.warm_starts``) or ``champion`` (continual: train
+            from the current champion version).
+        max_workers: at most this many stages at once (``None``: the thread pool's default); 1 on a
+            2-core machine keeps two stages from encoding the same corpus at the same time.
+    """
+    overrides = list(overrides or [])
+    extra = retraining_overrides(str(Path(params_file).resolve()), profile, overrides, start_from)
+    run = pgrank_pipeline(profile=profile, overrides=overrides + extra, params_file=params_file, max_workers=max_workers)
+    return champion_gate(run.workspace, run.mlflow_run_id)
+
+
+# --------------------------------------------------------------------------------------- scheduling
 
 
 def cron_schedule(cron: str, timezone: str = "UTC"):
@@ -96,22 +207,71 @@ def check_server() -> str:
     return url
 
 
-def serve(params_file: str | Path, profile: str | None, overrides: list[str], cron: str, *,
-          name: str | None = None, timezone: str = "UTC") -> None:
-    """Serve a deployment of :func:`pgrank_retrain` with a cron schedule until interrupted (``pgrank schedule``).
+def check_pool(pool: str) -> None:
+    """A :class:`PgrankError` unless the work pool exists and is of the process type."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
 
-    The deployment is ``pgrank-retrain/<name>`` (default ``retrain-<profile or paper>``); its
-    parameters are this profile, these overrides and the absolute params file. Scheduled runs execute
-    in this process's environment; stopping it pauses the schedule.
+    create = f"create it with `prefect work-pool create {pool} --type process`"
+    with get_client(sync_client=True) as client:
+        try:
+            work_pool = client.read_work_pool(pool)
+        except ObjectNotFound:
+            raise PgrankError(f"work pool {pool!r} does not exist on the Prefect server; {create}, then run "
+                              f"`prefect worker start --pool {pool}` where pgrank is installed") from None
+    if work_pool.type != "process":
+        raise PgrankError(f"work pool {pool!r} is of type {work_pool.type!r}; pgrank deploys to a process work pool, "
+                          "whose worker runs the flow where pgrank is installed: `prefect work-pool create NAME --type "
+                          "process`")
+
+
+def _deployment(params_file: str | Path, profile: str | None, overrides: list[str], cron: str, name: str | None,
+                timezone: str, start_from: str, max_workers: int | None) -> dict:
+    if start_from not in START_FROM:
+        raise PgrankError(f"--start-from {start_from!r}: expected one of {', '.join(START_FROM)}")
+    if max_workers is not None and max_workers < 1:
+        raise PgrankError(f"--max-workers {max_workers}: expected at least 1")
+    return dict(
+        name=name or f"retrain-{profile or 'paper'}",
+        schedule=cron_schedule(cron, timezone),
+        parameters={"profile": profile, "overrides": list(overrides), "params_file": str(Path(params_file).resolve()),
+                    "start_from": start_from, "max_workers": max_workers},
+        description=f"Scheduled retraining ({profile or 'paper'} profile, from the {start_from.replace('_', ' ')}): "
+                    "the pipeline, then the champion gate.",
+    )
+
+
+def serve(params_file: str | Path, profile: str | None, overrides: list[str], cron: str, *,
+          name: str | None = None, timezone: str = "UTC", start_from: str = "warm_start",
+          max_workers: int | None = None) -> None:
+    """Serve a deployment of :func:`pgrank_retrain` with a cron schedule until interrupted.
+
+    The deployment is ``pgrank-retrain/<name>`` (default ``retrain-<profile or paper>``); scheduled runs
+    execute in this process's environment; stopping it pauses the schedule.
     """
     from prefect.types.entrypoint import EntrypointType
 
-    schedule = cron_schedule(cron, timezone)
+    spec = _deployment(params_file, profile, overrides, cron, name, timezone, start_from, max_workers)
     check_server()
-    pgrank_retrain.serve(
-        name=name or f"retrain-{profile or 'paper'}",
-        schedule=schedule,
-        parameters={"profile": profile, "overrides": list(overrides), "params_file": str(Path(params_file).resolve())},
-        description=f"Scheduled retraining ({profile or 'paper'} profile): pipeline, then champion promotion on improvement.",
+    pgrank_retrain.serve(**spec, entrypoint_type=EntrypointType.MODULE_PATH)
+
+
+def deploy(params_file: str | Path, profile: str | None, overrides: list[str], cron: str, *, pool: str,
+           name: str | None = None, timezone: str = "UTC", start_from: str = "warm_start",
+           max_workers: int | None = None) -> str:
+    """Create (or update) the deployment in a process work pool; returns its id.
+
+    The schedule lives in the Prefect server; ``prefect worker start --pool POOL``, started where pgrank
+    is installed, runs each scheduled run as a subprocess in the project folder. Nothing keeps running here.
+    """
+    from prefect.types.entrypoint import EntrypointType
+
+    spec = _deployment(params_file, profile, overrides, cron, name, timezone, start_from, max_workers)
+    check_server()
+    check_pool(pool)
+    project = Path(params_file).resolve().parent
+    deployment_id = pgrank_retrain.deploy(
+        **spec, work_pool_name=pool, build=False, push=False, job_variables={"working_dir": str(project)},
         entrypoint_type=EntrypointType.MODULE_PATH,  # flows.retraining.pgrank_retrain, importable where pgrank is installed
-    )
+        print_next_steps=False, ignore_warnings=True)
+    return str(deployment_id)

@@ -89,8 +89,37 @@ class TrackingConfig(_Section):
 # --------------------------------------------------------------------------------------- stages
 
 
+_DATASET_NAME = r"^[\w][\w.-]*$"
+
+
+class SourceConfig(_Section):
+    """A BEIR-format dataset of your own (:mod:`pgrank.data.sources`): a folder read in place, a local
+    zip, or an http(s) URL of a zip; validated and fingerprinted like a BEIR download."""
+
+    path: str | None = Field(default=None, description="folder (or .zip) relative to the params file")
+    url: str | None = Field(default=None, description="http(s) URL of a zip of the folder")
+    sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$", description="pin of the zip (url or .zip path)")
+    missing_documents: Literal["error", "warn"] = Field(
+        default="error", description="a judgment whose document is not in corpus.jsonl: an error, or a warning as in BEIR")
+
+    @model_validator(mode="after")
+    def _one_location(self) -> "SourceConfig":
+        if (self.path is None) == (self.url is None):
+            raise ValueError("give exactly one of 'path' (a folder or .zip) or 'url' (an http(s) URL of a zip)")
+        if self.url is not None and not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"url {self.url!r}: expected an http(s) URL of a zip (a local folder goes under 'path')")
+        if self.sha256 is not None and self.path is not None and not self.path.endswith(".zip"):
+            raise ValueError("sha256 pins a zip (url or a .zip path); a folder is fingerprinted file by file")
+        return self
+
+
 class DataConfig(_Section):
     mirror: str | None = Field(default=None, description="Folder or URL replacing BEIR's base URL.")
+    sources: dict[Annotated[str, Field(pattern=_DATASET_NAME)], SourceConfig] = Field(
+        default_factory=dict, description="datasets of your own by name, used in train/eval_sets like BEIR names")
+    holdout: str | None = Field(
+        default=None, description="qrels file whose queries are always carved into validation, never trained on "
+                                  "(set by scheduled retraining to its frozen gate set)")
     train: str = Field(pattern=r"^[\w.-]+/[\w.-]+$", description="dataset/split used for training")
 
     @field_validator("train", mode="before")
@@ -250,6 +279,33 @@ class TablesConfig(_Section):
     rerank_bm25: Literal["omit", "context"] = "omit"
 
 
+GATE_METRIC = re.compile(r"^(ndcg|mrr|recall|map|precision)@(\d+)$")
+
+
+class ChampionConfig(_Section):
+    """The promotion gate of scheduled retraining (:mod:`pgrank.pipeline.gate`, ``flows/retraining.py``).
+
+    Champion and challenger are evaluated side by side on one gate set; the challenger is promoted only
+    if its mean ``metric`` beats the champion's by more than ``min_gain`` and a paired ``test`` over the
+    gate queries gives ``p < alpha`` (``alpha: null``: no significance required).
+    """
+
+    gate_set: str = Field(default="frozen", pattern=r"^frozen$|^[\w.-]+/[\w.-]+$",
+                          description="frozen: the validation queries of the first gated run, frozen; or dataset/split")
+    stage: EvalStage = "rerank"
+    metric: str = "ndcg@10"
+    min_gain: float = 0.0
+    test: Literal["student", "wilcoxon", "fisher"] = "student"
+    alpha: Annotated[float, Field(gt=0, lt=1)] | None = 0.05
+
+    @field_validator("metric")
+    @classmethod
+    def _metric_name(cls, v: str) -> str:
+        if not GATE_METRIC.match(v):
+            raise ValueError("expected ndcg@K, mrr@K, recall@K, map@K or precision@K")
+        return v
+
+
 class Params(_Section):
     """The whole ``params.yaml``."""
 
@@ -261,6 +317,7 @@ class Params(_Section):
     train: TrainConfig
     evaluate: EvaluateConfig
     tables: TablesConfig = TablesConfig()
+    champion: ChampionConfig = ChampionConfig()
 
 
 # --------------------------------------------------------------------------------------- loading
@@ -359,6 +416,10 @@ def _consistency(params: Params) -> list[tuple[tuple, str]]:
         problems.append(
             (("train", "keep_epochs"), f"epochs {bad_epochs} are beyond train.epochs={params.train.epochs}")
         )
+    gate = params.champion
+    if gate.gate_set != "frozen" and gate.stage == "rerank" and gate.gate_set not in params.data.eval_sets:
+        problems.append((("champion", "gate_set"), f"{gate.gate_set!r} is reranked (champion.stage: rerank), so it must "
+                         "be one of data.eval_sets, where its candidates are mined; or set champion.stage: full"))
     return problems
 
 

@@ -13,6 +13,9 @@ For each dataset ``NAME``:
    validated as the loader would read it (:func:`pgrank.data.beir.validate_folder`).
 4. Only then is the folder renamed to ``{data}/NAME`` and the ``.part`` file deleted.
 
+Datasets named under ``data.sources`` are the user's own: read in place from a folder, or fetched from
+their own zip, validated and fingerprinted the same way (:mod:`pgrank.data.sources`).
+
 A checksum mismatch, a corrupt or truncated archive, an unsafe member or a malformed file raises
 :class:`DataError` and leaves the data folder as it was (a ``.part`` file is kept only for an
 interrupted transfer, so the next run resumes it). A folder that already carries its download
@@ -50,6 +53,7 @@ from pgrank.data.carve_out import CarveOut, write_carve_out
 from pgrank.data.catalogue import BEIR_BASE_URL, BEIR_MD5, NOT_PUBLIC
 from pgrank.data.checksums import DOWNLOAD_RECORD, file_digest
 from pgrank.data.manifests import write_manifest
+from pgrank.data.sources import install_source
 from pgrank.data.validation import FolderSummary, validate_folder
 from pgrank.errors import DataError
 from pgrank.paths import Paths
@@ -87,8 +91,9 @@ class Checksum:
 class Fetched:
     name: str
     path: Path
-    # downloaded now | present with pgrank's download record | present, put there by someone else
-    status: Literal["downloaded", "present", "unrecorded"]
+    # downloaded now | present with pgrank's download record | present, put there by someone else |
+    # a data.sources dataset whose new or changed content was validated now
+    status: Literal["downloaded", "present", "unrecorded", "validated"]
     checksum: Checksum | None = None
 
 
@@ -391,9 +396,9 @@ def download(
     Args:
         params: the parsed ``params.yaml`` (reads ``data.*``).
         paths: artifact locations (datasets go to ``paths.dataset(name)``).
-        datasets: BEIR names; default :func:`default_datasets`.
+        datasets: BEIR names or ``data.sources`` names; default :func:`default_datasets`.
         mirror: folder or URL replacing BEIR's server; default ``$PGRANK_BEIR_MIRROR``, then ``data.mirror``.
-        config_dir: the params file's folder, against which a relative ``data.mirror`` is resolved.
+        config_dir: the params file's folder, against which a relative ``data.mirror`` or source path is resolved.
         progress: show progress bars.
 
     Returns:
@@ -401,11 +406,16 @@ def download(
         Each dataset's manifest (:mod:`pgrank.data.manifests`) is written, the DVC-tracked output.
     """
     names = list(dict.fromkeys(datasets)) if datasets else default_datasets(params)
+    own = params.data.sources  # datasets of your own (pgrank.data.sources): read in place, or fetched from their URL
     with tracking.stage_run(params, paths, "download", tags={"stage": "download"}, log_params={"datasets": names},
                             enabled=params.tracking.enabled, resources=True):
-        source = resolve_source(mirror, params.data.mirror, config_dir=config_dir)
-        sums = read_sha256sums(source)
-        fetched = [fetch_dataset(name, paths.dataset(name), source, sums, progress=progress) for name in names]
+        source = resolve_source(mirror, params.data.mirror, config_dir=config_dir) if set(names) - set(own) else None
+        sums = read_sha256sums(source) if source is not None else None
+        fetched = [Fetched(name, paths.dataset(name), install_source(name, own[name], paths.dataset(name),
+                                                                     paths.fingerprint_cache(name), config_dir or Path.cwd(),
+                                                                     progress=progress))
+                   if name in own else fetch_dataset(name, paths.dataset(name), source, sums, progress=progress)
+                   for name in names]
         for name in names:
             write_manifest(paths, name)
         carve = write_carve_out(paths, params.data) if params.data.train.split("/")[0] in names else None

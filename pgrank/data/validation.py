@@ -29,11 +29,14 @@ class FolderSummary:
 
 
 
-def validate_folder(folder: str | Path, label: str, *, progress: bool = False) -> FolderSummary:
+def validate_folder(folder: str | Path, label: str, *, progress: bool = False,
+                    missing_documents: str = "warn") -> FolderSummary:
     """Check a BEIR folder the way loading would, keeping only ids in memory.
 
     Used by ``pgrank download`` before a dataset is renamed into place. ``label`` replaces the
-    (temporary) folder in messages, e.g. ``"scifact.zip: scifact"``.
+    (temporary) folder in messages, e.g. ``"scifact.zip: scifact"``. ``missing_documents="error"``
+    (datasets of your own, :mod:`pgrank.data.sources`) makes a judgment of a document that is not in
+    the corpus an error naming its line, instead of a counted warning.
     """
     folder = Path(folder)
     corpus_file, queries_file = folder / "corpus.jsonl", folder / "queries.jsonl"
@@ -62,6 +65,9 @@ def validate_folder(folder: str | Path, label: str, *, progress: bool = False) -
         for line_no, qid, doc_id, score in _qrels_rows(qrels_file, display):
             if qid not in query_ids:
                 raise DataError(f"{display}:{line_no}: query {qid!r} has no text in queries.jsonl")
+            if missing_documents == "error" and doc_id not in doc_ids:
+                raise DataError(f"{display}:{line_no}: document {doc_id!r} is not in corpus.jsonl "
+                                "(missing_documents: warn keeps such judgments, as BEIR does)")
             pairs[qid, doc_id] = score
         judgments[qrels_file.stem] = len(pairs)
         gone = [(q, d) for q, d in pairs if d not in doc_ids]

@@ -90,6 +90,11 @@ def workspace_params(params: Params, project: Path, ws: Path) -> dict:
     mirror = params.data.mirror
     if mirror and "://" not in mirror:
         doc["data"]["mirror"] = str((project / Path(mirror).expanduser()).resolve())
+    for name, source in params.data.sources.items():  # datasets of your own: relative to the params file
+        if source.path is not None:
+            doc["data"]["sources"][name]["path"] = str((project / Path(source.path).expanduser()).resolve())
+    if params.data.holdout:
+        doc["data"]["holdout"] = str((project / Path(params.data.holdout).expanduser()).resolve())
     dataset, split = params.data.train.split("/")
     doc["data"]["train"] = {"dataset": dataset, "split": split}
     doc["data"]["eval_sets"] = params.data.eval_sets_by_dataset()

@@ -11,6 +11,10 @@ reused.
 finished epoch, and ``trainer.pt`` with the optimizer, scheduler, RNG states, counters and a
 fingerprint of the settings. It is read with ``torch.load(weights_only=True)``: no pickle.
 Everything is written atomically, so a kill leaves the previous complete checkpoint.
+
+A ``tower: query`` checkpoint can itself be a warm start (continual training, e.g. from the champion):
+its query route is trained (:func:`query_route`) and its ``document_encoder`` stays the frozen document
+side (:func:`document_encoder`), whose corpus-embedding artifact is reused.
 """
 
 from __future__ import annotations
@@ -188,3 +192,33 @@ def _py_rng_from_list(raw: list | None) -> tuple | None:
         return None
     version, internal, gauss = raw
     return (version, tuple(internal), gauss)
+
+
+def model_name_of(key: str) -> str:
+    """A :class:`pgrank.models.hub.ModelRef` key as a name that resolves to the same model (a local
+    folder's key is ``<folder>@<weights hash>``; a hub id is its own name)."""
+    folder, at, _ = key.rpartition("@")
+    return folder if at and Path(folder).is_dir() else key
+
+
+def document_encoder(ref: Any, models: Any) -> Any | None:
+    """The frozen document encoder of a ``tower: query`` checkpoint used as a warm start, else ``None``."""
+    from pgrank.models.hub import read_checkpoint_meta, resolve_model
+
+    if ref.local_dir is None:
+        return None
+    meta = read_checkpoint_meta(ref.local_dir)
+    name = meta.get("document_encoder") if meta.get("tower") == "query" else None
+    return resolve_model(model_name_of(name), models) if name else None
+
+
+def query_route(model: Any) -> Any:
+    """The query route of a query/document ``Router`` model as a plain model (any other model as it is)."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules import Router
+
+    if not isinstance(model[0], Router):
+        return model
+    plain = SentenceTransformer(modules=list(model[0].sub_modules["query"]), device=str(next(model.parameters()).device))
+    plain.similarity_fn_name = model.similarity_fn_name
+    return plain

@@ -227,6 +227,8 @@ def train(params: Params, paths: Paths, warm_start: str, *, device: str | None =
     dataset = params.data.train.split("/")[0]
     world, dev = distributed.setup(device, timeout_minutes=cfg.ddp_timeout_minutes)
     ref = resolve_model(warm_start, params.models)
+    # A tower:query checkpoint as the warm start (continual training): its query route trains, its documents stay.
+    doc_ref = (checkpoints.document_encoder(ref, params.models) if cfg.tower == "query" else None) or ref
     model_dir, state_dir = paths.model_dir(warm_start), paths.train_state(warm_start)
     fingerprint = _fingerprint(params, ref.key)
 
@@ -235,11 +237,13 @@ def train(params: Params, paths: Paths, warm_start: str, *, device: str | None =
     train_examples = _training_set(paths, dataset, CARVED_TRAIN, corpus)
     val_examples = _training_set(paths, dataset, VALIDATION, corpus)
     val_qrels = qrels_by_row(load_topics(paths, dataset, VALIDATION)[1], corpus)
-    frozen = _frozen_documents(params, paths, ref, corpus) if cfg.tower == "query" else None
+    frozen = _frozen_documents(params, paths, doc_ref, corpus) if cfg.tower == "query" else None
 
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     model = load_encoder(ref, params.models, device=str(dev), max_seq_length=cfg.max_doc_length)
+    if doc_ref is not ref:
+        model = checkpoints.query_route(model)
     model.similarity_fn_name = cfg.similarity
     model.eval()  # the probe must not consume RNG (dropout): resumed runs replay the RNG exactly
     unused = distributed.freeze_unused(
@@ -277,13 +281,13 @@ def train(params: Params, paths: Paths, warm_start: str, *, device: str | None =
 
     # The frozen document side of a `tower: query` checkpoint: the warm start, loaded once when first saved.
     document_model = functools.cache(
-        lambda: load_encoder(ref, params.models, device=str(dev), max_seq_length=cfg.max_doc_length))
+        lambda: load_encoder(doc_ref, params.models, device=str(dev), max_seq_length=cfg.max_doc_length))
 
     def save(epoch: int) -> None:
         if world.is_main and (epoch in cfg.keep_epochs or epoch == cfg.epochs):
             meta = {"warm_start": warm_start, "warm_start_model": ref.key, "tower": cfg.tower, "epoch": epoch,
                     "similarity": cfg.similarity, "fingerprint": fingerprint,
-                    "document_encoder": ref.key if cfg.tower == "query" else None}
+                    "document_encoder": doc_ref.key if cfg.tower == "query" else None}
             doc_model = None
             if cfg.tower == "query":
                 doc_model = document_model()
@@ -292,7 +296,8 @@ def train(params: Params, paths: Paths, warm_start: str, *, device: str | None =
             if cfg.tower == "query":
                 model[0].max_seq_length = cfg.max_doc_length
 
-    run_params = {"train": params.train.model_dump(mode="json"), "data.train": params.data.train, "warm_start": ref.key}
+    run_params = {"train": params.train.model_dump(mode="json"), "data.train": params.data.train, "warm_start": ref.key,
+                  **({"document_encoder": doc_ref.key} if cfg.tower == "query" else {})}
     # A resumed run links the run that saved the state it continues (killed runs are marked KILLED).
     resumed = {"pgrank.resumed_from": state.mlflow_run_id} if state.epoch and state.mlflow_run_id else {}
     with tracking.stage_run(params, paths, f"train-{warm_start}", log_params=run_params,
