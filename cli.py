@@ -287,7 +287,8 @@ def schedule_cmd(
     start_from: Annotated[str, typer.Option("--start-from", help="warm_start (train.warm_starts) or champion "
                                             "(continual: from the current champion version).")] = "warm_start",
     max_workers: Annotated[Optional[int], typer.Option("--max-workers", help="At most this many stages at once "
-                                                       "(1 on a 2-core machine).")] = None,
+                                                       "(default 4; stages that run a model also share the Prefect "
+                                                       "limit pgrank-device, one slot per GPU).")] = None,
 ) -> None:
     """Scheduled retraining (pipeline, then the champion gate) against PREFECT_API_URL: served here, or deployed to --pool."""
     from flows.retraining import cron_schedule, deploy, serve

@@ -192,6 +192,9 @@ class PolicyGradientConfig(_Section):
     temperature: PositiveFloat = 0.05
     entropy_coef: NonNegFloat = 0.01
     entropy: Literal["top1", "ranking"] = "top1"
+    kl_coef: NonNegFloat = Field(default=0.0, description="weight of the KL to the warm start's policy (0: the paper)")
+    kl: Literal["top1", "ranking"] = Field(
+        default="top1", description="top1: exact KL of the first-place softmaxes; ranking: sampled KL of the PL rankings")
 
     @field_validator("utility")
     @classmethod
@@ -219,9 +222,18 @@ class TrainConfig(_Section):
     amp: Literal["bf16", "off"] = "bf16"
     keep_epochs: list[NonNegInt] = Field(default_factory=lambda: [0, 2, 6])
     seed: int = 42
+    objective: Literal["pg", "infonce", "listnet", "listmle", "lambdaloss"] = Field(
+        default="pg", description="the loss (pgrank.core.objectives): pg is the paper's policy gradient")
     ddp_timeout_minutes: PositiveInt = Field(
         default=120, description="torch.distributed process-group timeout: a validation pass plus saving a checkpoint")
     pg: PolicyGradientConfig = PolicyGradientConfig()
+
+    @model_validator(mode="after")
+    def _kl_needs_pg(self) -> TrainConfig:
+        if self.pg.kl_coef and self.objective != "pg":
+            raise ValueError(f"pg.kl_coef={self.pg.kl_coef}: the KL term is part of the policy gradient; "
+                             f"objective {self.objective!r} does not use it (set it to 0)")
+        return self
 
     @field_validator("amp", mode="before")
     @classmethod

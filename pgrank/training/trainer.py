@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 from pgrank import tracking
 from pgrank.atomic import write_json, write_text
 from pgrank.config import Params
-from pgrank.core.estimators import policy_gradient
+from pgrank.core.objectives import OBJECTIVES
 from pgrank.core.trec_eval import evaluate_run, mean_metrics
 from pgrank.errors import PgrankError
 from pgrank.paths import CARVED_TRAIN, VALIDATION, Paths
@@ -46,12 +46,14 @@ from pgrank.training import checkpoints, distributed
 from pgrank.training.batches import (
     Batch,
     FrozenDocuments,
+    candidate_scores,
     TrainingSet,
     epoch_order,
     make_batch,
     query_generators,
 )
 from pgrank.training.grad_cache import backward_cached, encode, encode_cached
+from pgrank.training.reference import ReferencePolicy
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +68,7 @@ class StepStats:
     loss: float
     utility: float
     entropy: float
+    kl: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -79,15 +82,8 @@ class TrainResult:
 # --------------------------------------------------------------------------------------- one step
 
 
-def _scores(q, d, index, similarity: str):
-    """``(B, n)`` scores of each query against its candidates (``index`` into ``d``'s rows)."""
-    if similarity == "cosine":
-        q, d = torch.nn.functional.normalize(q, dim=-1), torch.nn.functional.normalize(d, dim=-1)
-    return torch.einsum("bd,bnd->bn", q, d[index])
-
-
 def accumulate_gradients(model, batch: Batch, params: Params, *, epoch: int, frozen: FrozenDocuments | None,
-                         corpus=None, forward=None, no_sync=None) -> StepStats:
+                         corpus=None, forward=None, no_sync=None, reference: ReferencePolicy | None = None) -> StepStats:
     """Forward and backward of one (local) batch; leaves the gradients in ``model``'s parameters.
 
     Args:
@@ -96,6 +92,10 @@ def accumulate_gradients(model, batch: Batch, params: Params, *, epoch: int, fro
         frozen: document embeddings for ``tower: query`` (``None`` for ``tower: both``).
         corpus: the corpus store for ``tower: both`` (only the batch's documents are read).
         no_sync: DDP's ``no_sync`` factory; all but the last backward then accumulate locally.
+        reference: the frozen warm start, for ``train.pg.kl_coef > 0`` (:mod:`pgrank.training.reference`).
+
+    The loss is ``train.objective``'s (:data:`pgrank.core.objectives.OBJECTIVES`): the paper's policy
+    gradient, or one of the standard losses on the same candidates with the same temperature.
     """
     cfg = params.train
     device = batch.relevance.device
@@ -110,20 +110,24 @@ def accumulate_gradients(model, batch: Batch, params: Params, *, epoch: int, fro
             texts = corpus.texts(batch.unique_rows)
             docs, states = encode_cached(model, texts, chunk_size=cfg.grad_chunk_size, task="document",
                                          max_length=cfg.max_doc_length, **enc)
-        scores = _scores(q, docs, batch.index, cfg.similarity)
+        scores = candidate_scores(q, docs, batch.index, cfg.similarity)
         pg = cfg.pg
-        out = policy_gradient(
-            scores, batch.relevance, batch.mask, num_samples=pg.num_samples, utility=pg.utility,
-            estimator=pg.estimator, baseline=pg.baseline, temperature=pg.temperature,
-            entropy_coef=pg.entropy_coef, entropy=pg.entropy, generator=gens,
-        )
+        if cfg.objective == "pg":
+            ref_scores = reference.scores(batch, frozen=frozen, corpus=corpus) if pg.kl_coef else None
+            knobs = dict(num_samples=pg.num_samples, utility=pg.utility, estimator=pg.estimator, baseline=pg.baseline,
+                         entropy_coef=pg.entropy_coef, entropy=pg.entropy, reference_scores=ref_scores,
+                         kl_coef=pg.kl_coef, kl=pg.kl)
+        else:
+            knobs = {}
+        out = OBJECTIVES[cfg.objective](scores, batch.relevance, batch.mask, temperature=pg.temperature,
+                                        generator=gens, **knobs)
         if not torch.isfinite(out.loss):
             raise TrainingError(f"epoch {epoch}: the loss is {out.loss.item()} (queries {[e.qid for e in batch.examples][:5]})")
         out.loss.backward()
     if cfg.tower == "both":
         backward_cached(model, texts, docs.grad, states, chunk_size=cfg.grad_chunk_size, task="document",
                         max_length=cfg.max_doc_length, no_sync=no_sync, **enc)
-    return StepStats(out.loss.item(), out.utility.item(), out.entropy.item())
+    return StepStats(out.loss.item(), out.utility.item(), out.entropy.item(), out.kl.item())
 
 
 # --------------------------------------------------------------------------------------- validation
@@ -155,7 +159,7 @@ def validate(model, examples: TrainingSet, qrels, params: Params, *, frozen: Fro
                 texts = corpus.texts(batch.unique_rows)
                 docs = torch.cat([encode(model, texts[i : i + 256], task="document", max_length=cfg.max_doc_length, amp=cfg.amp)
                                   for i in range(0, len(texts), 256)])
-            scores = _scores(q, docs, batch.index, cfg.similarity).cpu()
+            scores = candidate_scores(q, docs, batch.index, cfg.similarity).cpu()
             run = {ex.qid: {str(r): float(scores[b, j]) for j, r in enumerate(ex.rows.tolist())}
                    for b, ex in enumerate(batch.examples)}
             per_query.update(evaluate_run({qid: qrels[qid] for qid in run}, run, ks=(1, 3, 5, 10), mrr_k=10)[1])
@@ -208,6 +212,17 @@ def _frozen_documents(params: Params, paths: Paths, ref, corpus) -> FrozenDocume
         chunk_size=params.mine.chunk_size))
 
 
+def _policy_model(ref, doc_ref, params: Params, dev):
+    """The warm start as the trained policy is built from it (frozen here: the KL reference)."""
+    from pgrank.models.hub import load_encoder
+
+    model = load_encoder(ref, params.models, device=str(dev), max_seq_length=params.train.max_doc_length)
+    if doc_ref is not ref:
+        model = checkpoints.query_route(model)
+    model.similarity_fn_name = params.train.similarity
+    return model
+
+
 def train(params: Params, paths: Paths, warm_start: str, *, device: str | None = None, progress: bool = True) -> TrainResult:
     """Train Neural PG-Rank from ``warm_start`` (an alias, hub id or folder) on ``data.train``.
 
@@ -239,12 +254,13 @@ def train(params: Params, paths: Paths, warm_start: str, *, device: str | None =
     val_qrels = qrels_by_row(load_topics(paths, dataset, VALIDATION)[1], corpus)
     frozen = _frozen_documents(params, paths, doc_ref, corpus) if cfg.tower == "query" else None
 
+    reference = None
+    if cfg.objective == "pg" and cfg.pg.kl_coef:  # loaded before seeding: the run's random stream stays the same
+        reference = ReferencePolicy(_policy_model(ref, doc_ref, params, dev), cfg)
+
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-    model = load_encoder(ref, params.models, device=str(dev), max_seq_length=cfg.max_doc_length)
-    if doc_ref is not ref:
-        model = checkpoints.query_route(model)
-    model.similarity_fn_name = cfg.similarity
+    model = _policy_model(ref, doc_ref, params, dev)
     model.eval()  # the probe must not consume RNG (dropout): resumed runs replay the RNG exactly
     unused = distributed.freeze_unused(
         model, lambda m: encode(m, ["probe"], task="query", max_length=8, amp=cfg.amp).sum())
@@ -318,7 +334,7 @@ def train(params: Params, paths: Paths, warm_start: str, *, device: str | None =
                 started = time.perf_counter()
                 local = train_examples.examples(distributed.shard(batch_ids, world))
                 stats = accumulate_gradients(model, make_batch(local, dev), params, epoch=epoch, frozen=frozen,
-                                             corpus=corpus, forward=forward, no_sync=no_sync)
+                                             corpus=corpus, forward=forward, no_sync=no_sync, reference=reference)
                 norm = torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip or math.inf)
                 if not torch.isfinite(norm):
                     raise TrainingError(
@@ -334,7 +350,10 @@ def train(params: Params, paths: Paths, warm_start: str, *, device: str | None =
                 point = {"step": state.step, "epoch": epoch, "loss": loss, "utility": utility,
                          "grad_norm": norm.item(), "entropy": stats.entropy}
                 curve.append(point)
-                tracking.log_metrics(run, {k: point[k] for k in ("loss", "utility", "grad_norm", "entropy")}, step=state.step)
+                logged = {k: point[k] for k in ("loss", "utility", "grad_norm", "entropy")}
+                if reference is not None:
+                    logged["kl"] = distributed.all_mean(stats.kl, world, dev)
+                tracking.log_metrics(run, logged, step=state.step)
                 sums["loss"] += loss
                 sums["utility"] += utility
                 rate = len(batch_ids) / max(time.perf_counter() - started, 1e-9)

@@ -136,7 +136,7 @@ def test_nan_guard_stops_and_keeps_the_last_good_checkpoint(tmp_path, tiny_model
     params, paths = make_project(tmp_path, tiny_model_dir, overrides={"train.epochs": 2, "train.keep_epochs": [0, 1, 2]})
     import pgrank.training.trainer as training
 
-    real = training.policy_gradient
+    real = training.OBJECTIVES["pg"]
     calls = {"n": 0}
 
     def poisoned(*args, **kwargs):
@@ -144,7 +144,7 @@ def test_nan_guard_stops_and_keeps_the_last_good_checkpoint(tmp_path, tiny_model
         calls["n"] += 1
         return out._replace(loss=out.loss * float("nan")) if calls["n"] > 3 else out  # epoch 2 goes bad
 
-    monkeypatch.setattr(training, "policy_gradient", poisoned)
+    monkeypatch.setitem(training.OBJECTIVES, "pg", poisoned)
     name = str(tiny_model_dir)
     with pytest.raises(TrainingError, match="loss is nan"):
         train(params, paths, name, device="cpu", progress=False)
