@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import pytest
-import torch
 from toy_project import make_project
 
 from pgrank.errors import ConfigError
 from pgrank.core.policy import top1_kl
 from pgrank.models.hub import load_encoder
 from pgrank.training.batches import TrainingSet, make_batch
-from pgrank.training.trainer import _frozen_documents, _policy_model, accumulate_gradients, train
+from pgrank.training.trainer import _policy_model, accumulate_gradients, train
+from pgrank.training.validation import frozen_documents
 from pgrank.training.reference import ReferencePolicy
 
 
@@ -22,7 +22,7 @@ def _setup(tmp_path, tiny_model_dir, tower, **overrides):
     params, paths = make_project(tmp_path, tiny_model_dir, overrides={"train.tower": tower, **overrides})
     corpus = open_corpus(paths, "toy")
     ref = resolve_model(str(tiny_model_dir), params.models)
-    frozen = _frozen_documents(params, paths, ref, corpus) if tower == "query" else None
+    frozen = frozen_documents(params, paths, ref, corpus) if tower == "query" else None
     batch = make_batch(TrainingSet(open_candidates(paths, "toy", "train-pg")).examples(range(6)))
     return params, paths, ref, corpus, frozen, batch
 
