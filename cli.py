@@ -152,14 +152,19 @@ def mine_cmd(
     split: Annotated[
         Optional[list[str]], typer.Option("--split", help="With --dataset: exactly this split (repeatable; any BEIR split).")
     ] = None,
-    training: Annotated[bool, typer.Option("--training", help="Only data.train's carved train-pg and validation splits.")] = False,
+    training: Annotated[bool, typer.Option("--training", help="Only the training sets: data.train's carved train-pg and validation "
+                                                      "splits, and train.validation_sets.")] = False,
 ) -> None:
     """Mine stage-1 candidate sets (default: data.train's train-pg/validation and every data.eval_sets entry)."""
-    from pgrank.mining.candidate_sets import mine_splits, select_targets
+    from pgrank.mining.candidate_sets import mine_splits, select_targets, validation_targets
 
     params = ctx.obj.params()
     targets = select_targets(params, dataset, split or (), training)
-    for r in mine_splits(params, ctx.obj.paths(params), targets):
+    results = mine_splits(params, ctx.obj.paths(params), targets)
+    if training or not (dataset or split):  # train.validation_sets: training sets too
+        results += mine_splits(params, ctx.obj.paths(params), validation_targets(params), training=True) \
+            if params.train.validation_sets else []
+    for r in results:
         recall = f", stage-1 recall {r.stage1_recall:.3f}" if r.stage1_recall is not None else ""
         sizes = f"{r.min_size}" if r.min_size == r.max_size else f"{r.min_size}-{r.max_size}"
         notes = "".join([
@@ -287,7 +292,8 @@ def schedule_cmd(
     start_from: Annotated[str, typer.Option("--start-from", help="warm_start (train.warm_starts) or champion "
                                             "(continual: from the current champion version).")] = "warm_start",
     max_workers: Annotated[Optional[int], typer.Option("--max-workers", help="At most this many stages at once "
-                                                       "(1 on a 2-core machine).")] = None,
+                                                       "(default 4; stages that run a model also share the Prefect "
+                                                       "limit pgrank-device, one slot per GPU).")] = None,
 ) -> None:
     """Scheduled retraining (pipeline, then the champion gate) against PREFECT_API_URL: served here, or deployed to --pool."""
     from flows.retraining import cron_schedule, deploy, serve

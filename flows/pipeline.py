@@ -16,6 +16,15 @@ graph shows what ran when. It streams DVC's output into its run logger (the task
 * Task runners: ``threads`` (default, ``ThreadPoolTaskRunner``), ``dask`` (``pip install 'pgrank[dask]'``,
   ``prefect_dask.DaskTaskRunner`` on a local cluster) and ``ray`` (``pip install 'pgrank[ray]'``,
   ``prefect_ray.RayTaskRunner``). Tasks only start DVC processes, so threads are enough on one machine.
+* Bounded concurrency by default: at most ``max_workers`` stages at once (default
+  :data:`DEFAULT_MAX_WORKERS`), and the stages that run a model (mining, training, dense and sparse
+  evaluation: :data:`DEVICE_STAGES`) are tagged ``pgrank-device``, a Prefect tag concurrency limit:
+  Prefect's task engine holds one of its slots from the moment such a task is Running until it ends
+  (a task waiting for a slot stays Pending), across every flow run on the server (a scheduled
+  retraining next to a manual run). The flow creates the limit when it is missing, with one slot per
+  CUDA device (one on a CPU-only machine) or ``device_slots``; an existing limit is left as the user
+  set it. Raise it with ``prefect concurrency-limit create pgrank-device 4`` (or ``device_slots=4``
+  on a server that has no such limit yet).
 
 Example:
     >>> from flows.pipeline import pgrank_pipeline
@@ -28,7 +37,6 @@ Example:
 # and a flow run started by a served deployment cannot resolve postponed (string) ones.
 
 import logging
-import os
 import re
 import shutil
 import subprocess
@@ -63,6 +71,40 @@ STAGE_ENV = {"PYTHONUNBUFFERED": "1", "TQDM_MININTERVAL": "5"}
 _EDGE = re.compile(r'^\s*"([^"]+)"\s*->\s*"([^"]+)"')
 
 TaskRunnerName = Literal["threads", "dask", "ray"]
+
+# Stages that run a model on the accelerator (the part of the name before "@"); the others (download,
+# BM25 evaluation, tables) are CPU and I/O only.
+DEVICE_STAGES = ("mine-train", "mine", "train", "evaluate-dense", "evaluate-sparse", "evaluate-policy")
+DEVICE_TAG = "pgrank-device"  # the task tag of those stages, and its Prefect tag concurrency limit
+DEFAULT_MAX_WORKERS = 4  # stages at once: DVC processes, each of which may use every core
+
+
+def uses_device(stage: str) -> bool:
+    return stage.split("@")[0] in DEVICE_STAGES
+
+
+def device_count() -> int:
+    """CUDA devices visible here (at least 1: a CPU-only machine is one device)."""
+    import torch
+
+    return max(1, torch.cuda.device_count())
+
+
+def ensure_device_limit(slots: int | None = None) -> int:
+    """Create the ``pgrank-device`` tag concurrency limit if missing; return its limit.
+
+    An existing limit is kept as configured (``prefect concurrency-limit create pgrank-device N``).
+    """
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        try:
+            return client.read_concurrency_limit_by_tag(DEVICE_TAG).concurrency_limit
+        except ObjectNotFound:
+            limit = slots or device_count()
+            client.create_concurrency_limit(tag=DEVICE_TAG, concurrency_limit=limit)
+            return limit
 
 
 @dataclass(frozen=True)
@@ -148,8 +190,10 @@ def dvc_stage(workspace: str, stage: str, parent_run_id: str | None = None) -> s
 
 
 def stage_task(stage: str):
-    """The task of one stage: named after it, with its options (retries for download)."""
-    return dvc_stage.with_options(name=stage, task_run_name=stage, **STAGE_OPTIONS.get(stage, {}))
+    """The task of one stage: named after it, with its options (retries for download) and, for a stage
+    that runs a model, the ``pgrank-device`` tag."""
+    return dvc_stage.with_options(name=stage, task_run_name=stage, tags={DEVICE_TAG} if uses_device(stage) else set(),
+                                  **STAGE_OPTIONS.get(stage, {}))
 
 
 def _threads(max_workers: int | None):
@@ -191,8 +235,9 @@ def pgrank_pipeline(
     datasets: list[str] | None = None,
     overrides: list[str] | None = None,
     task_runner: TaskRunnerName = "threads",
-    max_workers: int | None = None,
+    max_workers: int | None = DEFAULT_MAX_WORKERS,
     params_file: str = "params.yaml",
+    device_slots: int | None = None,
 ) -> PipelineRun:
     """Run ``dvc.yaml``'s stages for a profile, one Prefect task per stage.
 
@@ -201,14 +246,19 @@ def pgrank_pipeline(
         datasets: only the per-dataset stages of these ``data.eval_sets`` datasets (``None``: all).
         overrides: ``--set``-style ``key=value`` overrides.
         task_runner: ``threads``, ``dask`` or ``ray`` (the last two need the extras of the same name).
-        max_workers: at most this many stages at once (``None``: the runner's default).
+        max_workers: at most this many stages at once (``None``: the runner's own default, unbounded
+            in practice for threads).
         params_file: the project's params file (relative to the working directory).
+        device_slots: the ``pgrank-device`` limit to create when the server has none (default: one per
+            CUDA device); stages that run a model hold one slot each.
     """
     overrides = list(overrides or [])
     log = get_run_logger()
     ws = prepare(params_file, profile, overrides)
     graph = select_datasets(stage_graph(ws), datasets)
     log.info("workspace %s: %d stages from dvc.yaml", ws, len(graph))
+    if any(uses_device(stage) for stage in graph):
+        log.info("stages that run a model share %d %s slot(s)", ensure_device_limit(device_slots), DEVICE_TAG)
     with pipeline_run(ws, profile, overrides) as parent_run_id:
         futures: dict[str, Any] = {}
         with make_task_runner(task_runner, max_workers) as runner:

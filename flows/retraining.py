@@ -34,7 +34,7 @@ from typing import Literal
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.pipeline import pgrank_pipeline
+from flows.pipeline import DEFAULT_MAX_WORKERS, pgrank_pipeline
 from pgrank.errors import PgrankError
 from pgrank.pipeline.champion import Decision
 
@@ -149,7 +149,7 @@ def gate_workspace(ws: Path, parent_run_id: str | None) -> Decision:
 @flow(name=FLOW_NAME)
 def pgrank_retrain(profile: str | None = None, overrides: list[str] | None = None,
                    params_file: str = "params.yaml", start_from: StartFrom = "warm_start",
-                   max_workers: int | None = None) -> Decision:
+                   max_workers: int | None = DEFAULT_MAX_WORKERS) -> Decision:
     """Re-run the pipeline for a profile and promote its new model only if it passes the champion gate.
 
     Args:
@@ -158,8 +158,8 @@ def pgrank_retrain(profile: str | None = None, overrides: list[str] | None = Non
         params_file: the project's params file.
         start_from: ``warm_start`` (train from ``train.warm_starts``) or ``champion`` (continual: train
             from the current champion version).
-        max_workers: at most this many stages at once (``None``: the thread pool's default); 1 on a
-            2-core machine keeps two stages from encoding the same corpus at the same time.
+        max_workers: at most this many stages at once (default ``DEFAULT_MAX_WORKERS``; stages that run a
+            model are bounded apart by the ``pgrank-device`` limit, see :mod:`flows.pipeline`).
     """
     overrides = list(overrides or [])
     extra = retraining_overrides(str(Path(params_file).resolve()), profile, overrides, start_from)
@@ -235,7 +235,7 @@ def _deployment(params_file: str | Path, profile: str | None, overrides: list[st
         name=name or f"retrain-{profile or 'paper'}",
         schedule=cron_schedule(cron, timezone),
         parameters={"profile": profile, "overrides": list(overrides), "params_file": str(Path(params_file).resolve()),
-                    "start_from": start_from, "max_workers": max_workers},
+                    "start_from": start_from, "max_workers": max_workers or DEFAULT_MAX_WORKERS},
         description=f"Scheduled retraining ({profile or 'paper'} profile, from the {start_from.replace('_', ' ')}): "
                     "the pipeline, then the champion gate.",
     )

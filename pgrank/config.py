@@ -192,6 +192,9 @@ class PolicyGradientConfig(_Section):
     temperature: PositiveFloat = 0.05
     entropy_coef: NonNegFloat = 0.01
     entropy: Literal["top1", "ranking"] = "top1"
+    kl_coef: NonNegFloat = Field(default=0.0, description="weight of the KL to the warm start's policy (0: the paper)")
+    kl: Literal["top1", "ranking"] = Field(
+        default="top1", description="top1: exact KL of the first-place softmaxes; ranking: sampled KL of the PL rankings")
 
     @field_validator("utility")
     @classmethod
@@ -199,6 +202,18 @@ class PolicyGradientConfig(_Section):
         if not _UTILITY_NAME.match(v):
             raise ValueError(f"expected 'ndcg@K', 'dcg@K', 'mrr@K', 'recall@K', 'ap@K' or 'module:function' (got {v!r})")
         return v
+
+
+class SelectionConfig(_Section):
+    """Which epoch is the policy (``pgrank-<warm start>``), and when training stops early."""
+
+    rule: Literal["last", "in_domain", "guarded"] = Field(
+        default="last", description="last: the final epoch (the paper); in_domain: the best in-domain validation "
+                                    "nDCG@10; guarded: the best in-domain one among the epochs that lose at most "
+                                    "`margin` nDCG@10 on every train.validation_sets set against the warm start")
+    margin: NonNegFloat = Field(default=0.005, description="guarded: the out-of-domain nDCG@10 loss allowed")
+    patience: PositiveInt | None = Field(
+        default=None, description="stop after this many epochs without a newly selected one (null: never)")
 
 
 class TrainConfig(_Section):
@@ -219,9 +234,30 @@ class TrainConfig(_Section):
     amp: Literal["bf16", "off"] = "bf16"
     keep_epochs: list[NonNegInt] = Field(default_factory=lambda: [0, 2, 6])
     seed: int = 42
+    validation_sets: list[Annotated[str, Field(pattern=r"^[\w.-]+/[\w.-]+$")]] = Field(
+        default_factory=list, description="out-of-domain dataset/split sets validated each epoch next to the "
+                                          "in-domain carve-out (mined by mine-train)")
+    selection: SelectionConfig = SelectionConfig()
+    objective: Literal["pg", "infonce", "listnet", "listmle", "lambdaloss"] = Field(
+        default="pg", description="the loss (pgrank.core.objectives): pg is the paper's policy gradient")
     ddp_timeout_minutes: PositiveInt = Field(
         default=120, description="torch.distributed process-group timeout: a validation pass plus saving a checkpoint")
     pg: PolicyGradientConfig = PolicyGradientConfig()
+
+    @model_validator(mode="after")
+    def _selection_needs_sets(self) -> TrainConfig:
+        if self.selection.rule == "guarded" and not self.validation_sets:
+            raise ValueError("selection.rule=guarded needs out-of-domain validation_sets, e.g. [nfcorpus/dev]")
+        if self.selection.patience and self.selection.rule == "last":
+            raise ValueError("selection.patience (early stopping) needs selection.rule in_domain or guarded")
+        return self
+
+    @model_validator(mode="after")
+    def _kl_needs_pg(self) -> TrainConfig:
+        if self.pg.kl_coef and self.objective != "pg":
+            raise ValueError(f"pg.kl_coef={self.pg.kl_coef}: the KL term is part of the policy gradient; "
+                             f"objective {self.objective!r} does not use it (set it to 0)")
+        return self
 
     @field_validator("amp", mode="before")
     @classmethod

@@ -13,10 +13,13 @@ Layout (``root`` is per profile; ``data`` and ``embeddings`` may be shared by pr
     {data}/.stores/{dataset}--{corpus sha}/                              corpus store: ids, id lookup, line offsets
     {root}/datasets/{dataset}.json                                       content manifest (what DVC tracks)
     {root}/splits/{dataset}/qrels/{train,validation}.tsv                 seeded validation carve-out
+    {root}/splits/{dataset}/validation-sets.json                         manifests of train.validation_sets
     {root}/candidates/{dataset}/{split}/                                 stage-1 candidate sets (columnar store)
     {root}/candidates/{dataset}/{split}.trec                             ... and as a TREC run, beside it
     {root}/training-sets/{dataset}/{train-pg,validation}/                candidate stores of the carved splits
+    {root}/training-sets/{dataset}/{split}/                              ... and of train.validation_sets
     {root}/models/{name}/epoch-{e}/                                      sentence-transformers checkpoints
+    {root}/models/{name}/selected/                                       the epoch train.selection chose
     {root}/models/{name}/state/                                          resumable training state
     {root}/training/{name}/curve.csv, history.json                       training curves
     {root}/results/{system}/{dataset}/[epoch-{e}/]{split}/{stage}/       metrics.json, per_query.json, run.trec
@@ -89,15 +92,20 @@ class Paths:
         """A BM25 index of one corpus with one set of ``mine.bm25`` settings (``settings``: their key)."""
         return self.embeddings / f"bm25--{settings}--{corpus_sha256[:16]}"
 
-    def candidate_store(self, dataset: str, split: str) -> Path:
-        """Candidate sets (:mod:`pgrank.data.candidate_store`); the carved training splits live apart from the
-        evaluation ones (their own DVC stage)."""
-        folder = "training-sets" if split in CARVED_SPLITS else "candidates"
+    def validation_sets_manifest(self, dataset: str) -> Path:
+        """The content of ``train.validation_sets``' datasets, beside ``dataset``'s carve-out (what mine-train
+        depends on for them)."""
+        return self.root / "splits" / dataset / "validation-sets.json"
+
+    def candidate_store(self, dataset: str, split: str, training: bool = False) -> Path:
+        """Candidate sets (:mod:`pgrank.data.candidate_store`); the training sets (the carved splits, and
+        ``train.validation_sets`` with ``training``) live apart from the evaluation ones (their own DVC stage)."""
+        folder = "training-sets" if training or split in CARVED_SPLITS else "candidates"
         return self.root / folder / dataset / split
 
-    def candidates(self, dataset: str, split: str) -> Path:
+    def candidates(self, dataset: str, split: str, training: bool = False) -> Path:
         """The same candidate sets as a TREC run, beside the store (the interchange format)."""
-        store = self.candidate_store(dataset, split)
+        store = self.candidate_store(dataset, split, training)
         return store.with_name(f"{split}.trec")
 
     # ---- training
@@ -106,6 +114,10 @@ class Paths:
 
     def checkpoint(self, name: str, epoch: int) -> Path:
         return self.model_dir(name) / f"epoch-{epoch}"
+
+    def selected_checkpoint(self, name: str) -> Path:
+        """The epoch ``train.selection`` chose (rules other than ``last``): the policy ``pgrank-<name>``."""
+        return self.model_dir(name) / "selected"
 
     def train_state(self, name: str) -> Path:
         return self.model_dir(name) / "state"

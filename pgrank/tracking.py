@@ -130,8 +130,10 @@ def stage_run(
     Yields the active ``mlflow.ActiveRun``, or ``None`` when ``enabled`` is false (e.g. on
     non-zero DDP ranks), in which case every logging helper here is a no-op. ``nested=False`` opens a
     top-level run (the pipeline's parent run). ``resources=True`` (the run of a whole stage process)
-    logs :func:`process_resources` when the run ends, and the same figures as a log line.
+    logs :func:`process_resources` when the run ends, and, when the stage succeeded, the same figures as
+    a log line.
     """
+    failed = False
     try:
         if not enabled:
             yield None
@@ -153,8 +155,11 @@ def stage_run(
             finally:
                 if resources:
                     log_metrics(run, process_resources())
+    except BaseException:
+        failed = True  # a failing stage ends with its one error line, not a resource report after it
+        raise
     finally:
-        if resources:
+        if resources and not failed:
             used = process_resources()
             log.info("%s: wall %.1f s, peak RSS %.0f MiB (children %.0f MiB)", name, used["wall_seconds"],
                      used["peak_rss_mib"], used["peak_rss_children_mib"])

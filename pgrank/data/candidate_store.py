@@ -98,11 +98,11 @@ def open_candidate_store(folder: str | Path) -> CandidateStore:
     return store
 
 
-def open_candidates(paths: Paths, dataset: str, split: str) -> CandidateStore:
+def open_candidates(paths: Paths, dataset: str, split: str, training: bool = False) -> CandidateStore:
     """The candidate store of ``dataset/split`` (``Paths.candidate_store``)."""
-    folder = paths.candidate_store(dataset, split)
+    folder = paths.candidate_store(dataset, split, training)
     if not (folder / "meta.json").is_file():
-        flag = "--training" if folder.parent.parent.name == "training-sets" else f"--dataset {dataset}"
+        flag = "--training" if training or folder.parent.parent.name == "training-sets" else f"--dataset {dataset}"
         raise DataError(f"{folder}: no candidate sets for {dataset}/{split}; run `pgrank mine {flag}`")
     return open_candidate_store(folder)
 
@@ -165,14 +165,14 @@ ScoredSet = tuple[str, str, np.ndarray, np.ndarray, np.ndarray]
 
 
 def write_candidates(paths: Paths, dataset: str, split: str, sets: Iterable[ScoredSet], *, corpus: CorpusStore,
-                     tag: str, trec: bool, meta: dict | None = None) -> Path:
+                     tag: str, trec: bool, meta: dict | None = None, training: bool = False) -> Path:
     """Write a split's candidate sets (in sorted query-id order) as a store, and as a TREC run beside it
     when ``trec`` (else a TREC run left by an earlier configuration is removed); one streaming pass.
 
     Returns:
         The store folder (``Paths.candidate_store``).
     """
-    folder, run_path = paths.candidate_store(dataset, split), paths.candidates(dataset, split)
+    folder, run_path = paths.candidate_store(dataset, split, training), paths.candidates(dataset, split, training)
     meta = {"dataset": dataset, "split": split, "corpus_sha256": corpus.sha256, "tag": tag, **(meta or {})}
     with CandidateStoreWriter(folder, meta) as out:
         def stream():

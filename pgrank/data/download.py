@@ -52,7 +52,7 @@ from pgrank.data.archive import beir_folders, extract
 from pgrank.data.carve_out import CarveOut, write_carve_out
 from pgrank.data.catalogue import BEIR_BASE_URL, BEIR_MD5, NOT_PUBLIC
 from pgrank.data.checksums import DOWNLOAD_RECORD, file_digest
-from pgrank.data.manifests import write_manifest
+from pgrank.data.manifests import write_manifest, write_validation_sets_manifest
 from pgrank.data.sources import install_source
 from pgrank.data.validation import FolderSummary, validate_folder
 from pgrank.errors import DataError
@@ -382,8 +382,10 @@ def _fetch(name: str, target: Path, source: Source, sums: dict[str, str] | None,
 
 
 def default_datasets(params: Params) -> list[str]:
-    """Every dataset named in ``data.train`` and ``data.eval_sets``, in that order, once each."""
-    names = [params.data.train.split("/")[0]] + [s.split("/")[0] for s in params.data.eval_sets]
+    """Every dataset named in ``data.train``, ``train.validation_sets`` and ``data.eval_sets``, in that
+    order, once each."""
+    names = [params.data.train.split("/")[0]] + [s.split("/")[0] for s in params.train.validation_sets] \
+        + [s.split("/")[0] for s in params.data.eval_sets]
     return list(dict.fromkeys(names))
 
 
@@ -406,6 +408,8 @@ def download(
         Each dataset's manifest (:mod:`pgrank.data.manifests`) is written, the DVC-tracked output.
     """
     names = list(dict.fromkeys(datasets)) if datasets else default_datasets(params)
+    if params.data.train.split("/")[0] in names:  # its carve-out records the out-of-domain validation sets too
+        names = list(dict.fromkeys(names + [s.split("/")[0] for s in params.train.validation_sets]))
     own = params.data.sources  # datasets of your own (pgrank.data.sources): read in place, or fetched from their URL
     with tracking.stage_run(params, paths, "download", tags={"stage": "download"}, log_params={"datasets": names},
                             enabled=params.tracking.enabled, resources=True):
@@ -418,5 +422,8 @@ def download(
                    for name in names]
         for name in names:
             write_manifest(paths, name)
-        carve = write_carve_out(paths, params.data) if params.data.train.split("/")[0] in names else None
+        carve = None
+        if params.data.train.split("/")[0] in names:
+            carve = write_carve_out(paths, params.data)
+            write_validation_sets_manifest(paths, carve.dataset, params.train.validation_sets)
     return DownloadReport(fetched, carve)

@@ -62,3 +62,16 @@ def write_manifest(paths: Paths, name: str) -> Path:
     files = fingerprint(paths.dataset(name), paths.fingerprint_cache(name))
     write_json(path, {"dataset": name, "files": files})
     return path
+
+
+def write_validation_sets_manifest(paths: Paths, train_dataset: str, validation_sets: list[str]) -> Path:
+    """Write ``Paths.validation_sets_manifest(train_dataset)``: each out-of-domain validation set with the
+    checksum of its dataset's manifest, so that ``mine-train`` (which depends on the carve-out folder)
+    re-runs exactly when one of those datasets changes or the list does."""
+    import hashlib
+
+    sets = [{"set": s, "manifest_sha256": hashlib.sha256(paths.dataset_manifest(s.split("/")[0]).read_bytes()).hexdigest()}
+            for s in validation_sets]
+    path = paths.validation_sets_manifest(train_dataset)
+    write_json(path, {"validation_sets": sets})
+    return path

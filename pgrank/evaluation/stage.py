@@ -183,7 +183,12 @@ def _evaluate_dataset(params: Params, paths: Paths, system: str, dataset: str, s
             results.append(r)
     if warm_start_of(system) is not None and "@" not in system and "rerank" in params.evaluate.stages:
         kept = [e for e in params.evaluate.policy_epochs if e in params.train.keep_epochs and 0 < e < params.train.epochs]
-        if len(kept) < len(params.evaluate.policy_epochs):
+        trained = [e for e in kept if paths.checkpoint(warm_start_of(system), e).is_dir()]
+        if len(trained) < len(kept):  # train.selection.patience stopped training before these epochs
+            log.warning("%s: epochs %s were not trained (early stopping); not evaluated", system,
+                        sorted(set(kept) - set(trained)))
+            kept = trained
+        elif len(kept) < len(params.evaluate.policy_epochs):
             log.warning("evaluate.policy_epochs %s: only %s are kept epochs strictly inside (0, train.epochs); "
                         "the others are skipped", params.evaluate.policy_epochs, kept)
         candidates = candidates if candidates is not None else _candidate_rows(paths, dataset, splits) if kept else None

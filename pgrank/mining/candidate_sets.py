@@ -165,6 +165,15 @@ def training_targets(params: Params) -> list[tuple[str, str]]:
     return [(dataset, CARVED_TRAIN), (dataset, VALIDATION)]
 
 
+def validation_targets(params: Params) -> list[tuple[str, str]]:
+    """``train.validation_sets``: out-of-domain sets validated during training, mined as training sets
+    (into ``training-sets/``, by ``mine-train``) so that training never waits on an evaluation stage."""
+    if params.train.validation_sets and params.mine.source == "published":
+        raise PgrankError("mine.source=published: train.validation_sets are mined like the training splits; "
+                          "use mine.source=dense or bm25")
+    return [tuple(s.split("/")) for s in params.train.validation_sets]
+
+
 def evaluation_targets(params: Params, dataset: str | None = None) -> list[tuple[str, str]]:
     """The ``data.eval_sets`` splits (of ``dataset`` only, when given; DVC stage ``mine@<dataset>``)."""
     by_dataset = params.data.eval_sets_by_dataset()
@@ -277,11 +286,12 @@ def _mine_published(params: Params, paths: Paths, dataset: str, split: str) -> M
 
 
 def mine_splits(
-    params: Params, paths: Paths, targets: Sequence[tuple[str, str]], *, progress: bool = True
+    params: Params, paths: Paths, targets: Sequence[tuple[str, str]], *, progress: bool = True, training: bool = False
 ) -> list[MineResult]:
     """Mine several splits, opening each corpus (and its index or embeddings) once.
 
-    Each split's candidate sets go to its store (``Paths.candidate_store``); the TREC run beside it
+    Each split's candidate sets go to its store (``Paths.candidate_store``; with ``training``, all of
+    them among the training sets, as ``train.validation_sets`` are); the TREC run beside it
     (``Paths.candidates``) is written for evaluation splits, and for the carved training splits only
     with ``mine.training_runs`` (MS MARCO's are 5x10^8 lines, about 25 GB, that nothing downstream reads).
 
@@ -312,10 +322,10 @@ def mine_splits(
                 judged = _judged(qrels, corpus)
                 n_relevant = sum(1 for docs in qrels.values() for r in docs.values() if r > 0)
                 tally = _Tally()
-                trec = split not in CARVED_SPLITS or cfg.training_runs
+                trec = not training and split not in CARVED_SPLITS or cfg.training_runs
                 path = write_candidates(paths, dataset, split, _mined_sets(retriever, queries, judged, size, tally, progress),
                                         corpus=corpus, tag=f"pgrank-{cfg.source}", trec=trec,
-                                        meta={"source": cfg.source, "candidates": size})
+                                        meta={"source": cfg.source, "candidates": size}, training=training)
                 results[dataset, split] = tally.result(dataset, split, cfg.source, path, n_relevant - tally.relevant,
                                                        True, started)
                 log.info("%s/%s: %d queries -> %s", dataset, split, tally.queries, path)

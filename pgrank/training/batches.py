@@ -104,3 +104,10 @@ class FrozenDocuments:
         if len(rows) and (rows.min() < 0 or rows.max() >= self.embeddings.num_docs):
             raise KeyError(f"candidate rows outside the {self.embeddings.num_docs} rows of {self.embeddings.folder}")
         return torch.from_numpy(self.embeddings.vectors(rows)).to(device)
+
+
+def candidate_scores(q: Tensor, docs: Tensor, index: Tensor, similarity: str) -> Tensor:
+    """``(B, n)`` scores of each query against its candidates (``index`` into ``docs``' rows)."""
+    if similarity == "cosine":
+        q, docs = torch.nn.functional.normalize(q, dim=-1), torch.nn.functional.normalize(docs, dim=-1)
+    return torch.einsum("bd,bnd->bn", q, docs[index])

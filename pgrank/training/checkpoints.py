@@ -159,8 +159,8 @@ def remove(path: Path) -> None:
 def prune(model_dir: Path, fingerprint: str, epochs_done: int) -> list[str]:
     """Delete from ``model_dir`` everything but this run's work; return what was deleted.
 
-    Kept: ``state/`` (its own fingerprint is checked on load) and each ``epoch-E/`` with ``E <=
-    epochs_done`` whose ``pgrank.json`` carries ``fingerprint``. Anything else (checkpoints of other
+    Kept: ``state/`` (its own fingerprint is checked on load) and each ``epoch-E/`` (and ``selected/``
+    of an epoch ``E``) with ``E <= epochs_done`` whose ``pgrank.json`` carries ``fingerprint``. Anything else (checkpoints of other
     settings, epochs a resumed run will write again, stray files) goes, so that the output DVC hashes
     is exactly what this configuration produces.
     """
@@ -170,9 +170,13 @@ def prune(model_dir: Path, fingerprint: str, epochs_done: int) -> list[str]:
     for entry in sorted(Path(model_dir).iterdir()) if Path(model_dir).is_dir() else []:
         if entry.name == "state":
             continue
-        epoch = entry.name.removeprefix("epoch-")
-        ours = (entry.is_dir() and entry.name.startswith("epoch-") and epoch.isdigit() and int(epoch) <= epochs_done
-                and read_checkpoint_meta(entry).get("fingerprint") == fingerprint)
+        if entry.name == "selected" and entry.is_dir():  # the epoch train.selection chose (rules other than last)
+            meta = read_checkpoint_meta(entry)
+            ours = meta.get("fingerprint") == fingerprint and meta.get("epoch", epochs_done + 1) <= epochs_done
+        else:
+            epoch = entry.name.removeprefix("epoch-")
+            ours = (entry.is_dir() and entry.name.startswith("epoch-") and epoch.isdigit() and int(epoch) <= epochs_done
+                    and read_checkpoint_meta(entry).get("fingerprint") == fingerprint)
         if not ours:
             shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
             removed.append(entry.name)

@@ -38,20 +38,21 @@ from tqdm.auto import tqdm
 from pgrank import tracking
 from pgrank.atomic import write_json, write_text
 from pgrank.config import Params
-from pgrank.core.estimators import policy_gradient
-from pgrank.core.trec_eval import evaluate_run, mean_metrics
+from pgrank.core.objectives import OBJECTIVES
 from pgrank.errors import PgrankError
 from pgrank.paths import CARVED_TRAIN, VALIDATION, Paths
-from pgrank.training import checkpoints, distributed
+from pgrank.training import checkpoints, distributed, selection
 from pgrank.training.batches import (
     Batch,
     FrozenDocuments,
-    TrainingSet,
+    candidate_scores,
     epoch_order,
     make_batch,
     query_generators,
 )
 from pgrank.training.grad_cache import backward_cached, encode, encode_cached
+from pgrank.training.reference import ReferencePolicy
+from pgrank.training.validation import frozen_documents, out_of_domain_set, qrels_by_row, training_set, validate
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,7 @@ class StepStats:
     loss: float
     utility: float
     entropy: float
+    kl: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -79,15 +81,8 @@ class TrainResult:
 # --------------------------------------------------------------------------------------- one step
 
 
-def _scores(q, d, index, similarity: str):
-    """``(B, n)`` scores of each query against its candidates (``index`` into ``d``'s rows)."""
-    if similarity == "cosine":
-        q, d = torch.nn.functional.normalize(q, dim=-1), torch.nn.functional.normalize(d, dim=-1)
-    return torch.einsum("bd,bnd->bn", q, d[index])
-
-
 def accumulate_gradients(model, batch: Batch, params: Params, *, epoch: int, frozen: FrozenDocuments | None,
-                         corpus=None, forward=None, no_sync=None) -> StepStats:
+                         corpus=None, forward=None, no_sync=None, reference: ReferencePolicy | None = None) -> StepStats:
     """Forward and backward of one (local) batch; leaves the gradients in ``model``'s parameters.
 
     Args:
@@ -96,6 +91,10 @@ def accumulate_gradients(model, batch: Batch, params: Params, *, epoch: int, fro
         frozen: document embeddings for ``tower: query`` (``None`` for ``tower: both``).
         corpus: the corpus store for ``tower: both`` (only the batch's documents are read).
         no_sync: DDP's ``no_sync`` factory; all but the last backward then accumulate locally.
+        reference: the frozen warm start, for ``train.pg.kl_coef > 0`` (:mod:`pgrank.training.reference`).
+
+    The loss is ``train.objective``'s (:data:`pgrank.core.objectives.OBJECTIVES`): the paper's policy
+    gradient, or one of the standard losses on the same candidates with the same temperature.
     """
     cfg = params.train
     device = batch.relevance.device
@@ -110,59 +109,24 @@ def accumulate_gradients(model, batch: Batch, params: Params, *, epoch: int, fro
             texts = corpus.texts(batch.unique_rows)
             docs, states = encode_cached(model, texts, chunk_size=cfg.grad_chunk_size, task="document",
                                          max_length=cfg.max_doc_length, **enc)
-        scores = _scores(q, docs, batch.index, cfg.similarity)
+        scores = candidate_scores(q, docs, batch.index, cfg.similarity)
         pg = cfg.pg
-        out = policy_gradient(
-            scores, batch.relevance, batch.mask, num_samples=pg.num_samples, utility=pg.utility,
-            estimator=pg.estimator, baseline=pg.baseline, temperature=pg.temperature,
-            entropy_coef=pg.entropy_coef, entropy=pg.entropy, generator=gens,
-        )
+        if cfg.objective == "pg":
+            ref_scores = reference.scores(batch, frozen=frozen, corpus=corpus) if pg.kl_coef else None
+            knobs = dict(num_samples=pg.num_samples, utility=pg.utility, estimator=pg.estimator, baseline=pg.baseline,
+                         entropy_coef=pg.entropy_coef, entropy=pg.entropy, reference_scores=ref_scores,
+                         kl_coef=pg.kl_coef, kl=pg.kl)
+        else:
+            knobs = {}
+        out = OBJECTIVES[cfg.objective](scores, batch.relevance, batch.mask, temperature=pg.temperature,
+                                        generator=gens, **knobs)
         if not torch.isfinite(out.loss):
             raise TrainingError(f"epoch {epoch}: the loss is {out.loss.item()} (queries {[e.qid for e in batch.examples][:5]})")
         out.loss.backward()
     if cfg.tower == "both":
         backward_cached(model, texts, docs.grad, states, chunk_size=cfg.grad_chunk_size, task="document",
                         max_length=cfg.max_doc_length, no_sync=no_sync, **enc)
-    return StepStats(out.loss.item(), out.utility.item(), out.entropy.item())
-
-
-# --------------------------------------------------------------------------------------- validation
-
-
-@torch.no_grad()
-def validate(model, examples: TrainingSet, qrels, params: Params, *, frozen: FrozenDocuments | None,
-             corpus=None, world: distributed.World = distributed.World(), batch_size: int = 64) -> dict[str, float]:
-    """Rerank the validation candidate sets with ``model`` (sorted by score) and evaluate them.
-
-    ``qrels`` are keyed by corpus row (:func:`qrels_by_row`), as the candidate sets are. Sharded under
-    DDP: every rank reranks and evaluates its share of the queries (``rank::size``),
-    and the per-query metrics are gathered, so every rank returns the means over all queries, equal
-    to a single process's (tested with two gloo processes).
-    """
-    cfg = params.train
-    was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
-    per_query: dict[str, dict[str, float]] = {}
-    mine = list(range(world.rank, len(examples), world.size))
-    try:
-        for lo in range(0, len(mine), batch_size):
-            batch = make_batch(examples.examples(mine[lo : lo + batch_size]), device)
-            q = encode(model, [ex.query for ex in batch.examples], task="query", max_length=cfg.max_query_length, amp=cfg.amp)
-            if frozen is not None:
-                docs = frozen.vectors(batch.unique_rows, device)
-            else:
-                texts = corpus.texts(batch.unique_rows)
-                docs = torch.cat([encode(model, texts[i : i + 256], task="document", max_length=cfg.max_doc_length, amp=cfg.amp)
-                                  for i in range(0, len(texts), 256)])
-            scores = _scores(q, docs, batch.index, cfg.similarity).cpu()
-            run = {ex.qid: {str(r): float(scores[b, j]) for j, r in enumerate(ex.rows.tolist())}
-                   for b, ex in enumerate(batch.examples)}
-            per_query.update(evaluate_run({qid: qrels[qid] for qid in run}, run, ks=(1, 3, 5, 10), mrr_k=10)[1])
-    finally:
-        model.train(was_training)
-    means = mean_metrics(distributed.gather_dicts(per_query, world))
-    return {k: means[k] for k in ("ndcg@1", "ndcg@3", "ndcg@5", "ndcg@10", "mrr@10")}
+    return StepStats(out.loss.item(), out.utility.item(), out.entropy.item(), out.kl.item())
 
 
 # --------------------------------------------------------------------------------------- the stage
@@ -176,36 +140,15 @@ def _fingerprint(params: Params, warm_key: str) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def qrels_by_row(qrels, corpus) -> dict[str, dict[str, int]]:
-    """Judgments keyed by corpus row (``"17"``) instead of document id, as runs over candidate rows are; a
-    judged document missing from the corpus keeps a key of its own, so the ideal ranking still counts it."""
-    pairs = [(q, d, g) for q, docs in qrels.items() for d, g in docs.items()]
-    rows = corpus.rows(d for _, d, _ in pairs).tolist()
-    out: dict[str, dict[str, int]] = {q: {} for q in qrels}
-    for (q, d, g), r in zip(pairs, rows):
-        out[q][str(r) if r >= 0 else f"missing:{d}"] = g
-    return out
+def _policy_model(ref, doc_ref, params: Params, dev):
+    """The warm start as the trained policy is built from it (frozen here: the KL reference)."""
+    from pgrank.models.hub import load_encoder
 
-
-def _training_set(paths: Paths, dataset: str, split: str, corpus) -> TrainingSet:
-    from pgrank.data.candidate_store import open_candidates
-
-    store = open_candidates(paths, dataset, split)
-    if store.meta.get("corpus_sha256") != corpus.sha256:
-        raise TrainingError(f"{store.folder}: mined from another version of the {dataset} corpus; run `pgrank mine --training`")
-    if not len(store):
-        raise TrainingError(f"{store.folder}: no query of {dataset}/{split} has a candidate set")
-    return TrainingSet(store)
-
-
-def _frozen_documents(params: Params, paths: Paths, ref, corpus) -> FrozenDocuments:
-    """The warm start's corpus-embedding artifact (shared with mining when the model and length match)."""
-    from pgrank.retrieval.dense.corpus_embeddings import model_corpus_embeddings
-
-    cfg = params.train
-    return FrozenDocuments(model_corpus_embeddings(
-        ref, params.models, paths, corpus, max_seq_length=cfg.max_doc_length, batch_size=params.mine.batch_size,
-        chunk_size=params.mine.chunk_size))
+    model = load_encoder(ref, params.models, device=str(dev), max_seq_length=params.train.max_doc_length)
+    if doc_ref is not ref:
+        model = checkpoints.query_route(model)
+    model.similarity_fn_name = params.train.similarity
+    return model
 
 
 def train(params: Params, paths: Paths, warm_start: str, *, device: str | None = None, progress: bool = True) -> TrainResult:
@@ -234,17 +177,19 @@ def train(params: Params, paths: Paths, warm_start: str, *, device: str | None =
 
     # Every rank memory-maps the same corpus and candidate stores: nothing of either is a private copy.
     corpus = open_corpus(paths, dataset, progress=progress and world.is_main)
-    train_examples = _training_set(paths, dataset, CARVED_TRAIN, corpus)
-    val_examples = _training_set(paths, dataset, VALIDATION, corpus)
+    train_examples = training_set(paths, dataset, CARVED_TRAIN, corpus)
+    val_examples = training_set(paths, dataset, VALIDATION, corpus)
     val_qrels = qrels_by_row(load_topics(paths, dataset, VALIDATION)[1], corpus)
-    frozen = _frozen_documents(params, paths, doc_ref, corpus) if cfg.tower == "query" else None
+    frozen = frozen_documents(params, paths, doc_ref, corpus) if cfg.tower == "query" else None
+    ood = [out_of_domain_set(params, paths, name, doc_ref) for name in cfg.validation_sets]
+
+    reference = None
+    if cfg.objective == "pg" and cfg.pg.kl_coef:  # loaded before seeding: the run's random stream stays the same
+        reference = ReferencePolicy(_policy_model(ref, doc_ref, params, dev), cfg)
 
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-    model = load_encoder(ref, params.models, device=str(dev), max_seq_length=cfg.max_doc_length)
-    if doc_ref is not ref:
-        model = checkpoints.query_route(model)
-    model.similarity_fn_name = cfg.similarity
+    model = _policy_model(ref, doc_ref, params, dev)
     model.eval()  # the probe must not consume RNG (dropout): resumed runs replay the RNG exactly
     unused = distributed.freeze_unused(
         model, lambda m: encode(m, ["probe"], task="query", max_length=8, amp=cfg.amp).sum())
@@ -296,6 +241,22 @@ def train(params: Params, paths: Paths, warm_start: str, *, device: str | None =
             if cfg.tower == "query":
                 model[0].max_seq_length = cfg.max_doc_length
 
+    def keep_selected(epoch: int) -> None:
+        """Under a selection rule, the epoch just validated becomes ``selected/`` when the rule picks it."""
+        if not world.is_main or cfg.selection.rule == "last":
+            return
+        if selection.select_epoch(state.history, cfg.validation_sets, cfg.selection) == epoch:
+            meta = {"warm_start": warm_start, "warm_start_model": ref.key, "tower": cfg.tower, "epoch": epoch,
+                    "similarity": cfg.similarity, "fingerprint": fingerprint, "selected_by": cfg.selection.rule,
+                    "document_encoder": doc_ref.key if cfg.tower == "query" else None}
+            doc_model = None
+            if cfg.tower == "query":
+                doc_model = document_model()
+                model[0].max_seq_length = cfg.max_query_length
+            checkpoints.save_model(model, paths.selected_checkpoint(warm_start), meta, document_model=doc_model)
+            if cfg.tower == "query":
+                model[0].max_seq_length = cfg.max_doc_length
+
     run_params = {"train": params.train.model_dump(mode="json"), "data.train": params.data.train, "warm_start": ref.key,
                   **({"document_encoder": doc_ref.key} if cfg.tower == "query" else {})}
     # A resumed run links the run that saved the state it continues (killed runs are marked KILLED).
@@ -303,13 +264,27 @@ def train(params: Params, paths: Paths, warm_start: str, *, device: str | None =
     with tracking.stage_run(params, paths, f"train-{warm_start}", log_params=run_params,
                             tags={"stage": "train", "warm_start": warm_start, **resumed},
                             enabled=world.is_main and params.tracking.enabled, resources=True) as run:
+        def validated() -> dict[str, float]:
+            """In-domain (``val_<metric>``) and out-of-domain (``val_<set>_<metric>``) validation metrics."""
+            row = {f"val_{k}": v for k, v in
+                   validate(model, val_examples, val_qrels, params, frozen=frozen, corpus=corpus, world=world).items()}
+            for vs in ood:
+                metrics = validate(model, vs.examples, vs.qrels, params, frozen=vs.frozen, corpus=vs.corpus, world=world)
+                row.update({selection.set_key(vs.name, k): v for k, v in metrics.items()})
+            return row
+
         if state.epoch == 0 and not state.history:
-            metrics = validate(model, val_examples, val_qrels, params, frozen=frozen, corpus=corpus, world=world)
-            state.history.append({"epoch": 0, **{f"val_{k}": v for k, v in metrics.items()}})
-            tracking.log_metrics(run, {f"val_{k}": v for k, v in metrics.items()}, step=0)
+            metrics = validated()
+            state.history.append({"epoch": 0, **metrics})
+            tracking.log_metrics(run, metrics, step=0)
             save(0)
+            keep_selected(0)
         curve: list[dict] = []
         for epoch in range(state.epoch + 1, cfg.epochs + 1):
+            if selection.should_stop(state.history, cfg.validation_sets, cfg.selection):
+                log.info("early stopping before epoch %d: epoch %d is still the selected one (patience %d)", epoch,
+                         selection.select_epoch(state.history, cfg.validation_sets, cfg.selection), cfg.selection.patience)
+                break
             order = epoch_order(len(train_examples), cfg.seed, epoch, cfg.queries_per_epoch)
             batches = [order[i : i + cfg.batch_size] for i in range(0, len(order), cfg.batch_size)]
             bar = tqdm(batches, desc=f"epoch {epoch}/{cfg.epochs}", disable=not (progress and world.is_main), unit="batch")
@@ -318,7 +293,7 @@ def train(params: Params, paths: Paths, warm_start: str, *, device: str | None =
                 started = time.perf_counter()
                 local = train_examples.examples(distributed.shard(batch_ids, world))
                 stats = accumulate_gradients(model, make_batch(local, dev), params, epoch=epoch, frozen=frozen,
-                                             corpus=corpus, forward=forward, no_sync=no_sync)
+                                             corpus=corpus, forward=forward, no_sync=no_sync, reference=reference)
                 norm = torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip or math.inf)
                 if not torch.isfinite(norm):
                     raise TrainingError(
@@ -334,20 +309,23 @@ def train(params: Params, paths: Paths, warm_start: str, *, device: str | None =
                 point = {"step": state.step, "epoch": epoch, "loss": loss, "utility": utility,
                          "grad_norm": norm.item(), "entropy": stats.entropy}
                 curve.append(point)
-                tracking.log_metrics(run, {k: point[k] for k in ("loss", "utility", "grad_norm", "entropy")}, step=state.step)
+                logged = {k: point[k] for k in ("loss", "utility", "grad_norm", "entropy")}
+                if reference is not None:
+                    logged["kl"] = distributed.all_mean(stats.kl, world, dev)
+                tracking.log_metrics(run, logged, step=state.step)
                 sums["loss"] += loss
                 sums["utility"] += utility
                 rate = len(batch_ids) / max(time.perf_counter() - started, 1e-9)
                 bar.set_postfix(loss=f"{loss:.4f}", utility=f"{utility:.4f}", q_s=f"{rate:.1f}",
                                 rankings_s=f"{rate * cfg.pg.num_samples:.0f}")
-            metrics = validate(model, val_examples, val_qrels, params, frozen=frozen, corpus=corpus, world=world)
             row = {"epoch": epoch, "train_loss": sums["loss"] / len(batches), "train_utility": sums["utility"] / len(batches),
-                   **{f"val_{k}": v for k, v in metrics.items()}}
+                   **validated()}
             state.history.append(row)
             tracking.log_metrics(run, {k: v for k, v in row.items() if k != "epoch"}, step=state.step)
             if world.is_main:
                 log.info("epoch %d: %s", epoch, ", ".join(f"{k}={v:.4f}" for k, v in row.items() if k != "epoch"))
                 save(epoch)
+                keep_selected(epoch)
                 state.epoch = epoch
                 state.optimizer, state.scheduler = optimizer.state_dict(), scheduler.state_dict()
                 checkpoints.capture_rng(state)
@@ -359,6 +337,16 @@ def train(params: Params, paths: Paths, warm_start: str, *, device: str | None =
             distributed.barrier(world)
 
         final = paths.checkpoint(warm_start, cfg.epochs)
+        if cfg.selection.rule != "last":
+            final = paths.selected_checkpoint(warm_start)
+            chosen = selection.summary(state.history, cfg.validation_sets, cfg.selection)
+            log.info("selected epoch %s by rule %s: %s", chosen["epoch"], cfg.selection.rule,
+                     ", ".join(f"{k}={v:+.4f}" if k.endswith("gain") else f"{k}={v}" for k, v in chosen.items()))
+            tracking.log_metrics(run, {f"selected_{k}": v for k, v in chosen.items() if k != "rule"})
+            if run is not None:
+                import mlflow
+
+                mlflow.set_tags({"pgrank.selection.rule": cfg.selection.rule, "pgrank.selection.epoch": chosen["epoch"]})
         version = None
         if world.is_main:
             _write_curve(paths.training_log(warm_start) / "curve.csv", state.curve)  # also when resumed at the end

@@ -15,7 +15,7 @@ import pytest
 
 from toy_pipeline import TOY_STAGES
 
-from flows.pipeline import make_task_runner, select_datasets, stage_graph, stage_task
+from flows.pipeline import select_datasets, stage_graph, stage_task
 from pgrank.errors import PgrankError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,3 +85,16 @@ def test_schedule_rejects_a_bad_cron_string_and_a_missing_server():
     with temporary_settings(restore_defaults={PREFECT_API_URL}):
         with pytest.raises(PgrankError, match="prefect server start --host 127.0.0.1"):
             check_server()
+
+
+def test_stages_that_run_a_model_are_tagged_and_bounded_and_the_others_are_not():
+    from flows.pipeline import DEFAULT_MAX_WORKERS, DEVICE_TAG, pgrank_pipeline
+
+    for stage in ("mine-train", "mine@scifact", "train@minilm", "evaluate-dense@minilm-scifact",
+                  "evaluate-sparse@splade-v2-nfcorpus", "evaluate-policy@minilm-scifact"):
+        assert stage_task(stage).tags == {DEVICE_TAG}, stage
+    for stage in ("download", "evaluate-bm25@bm25-scifact", "tables"):
+        assert stage_task(stage).tags == set(), stage
+    import inspect
+
+    assert inspect.signature(pgrank_pipeline.fn).parameters["max_workers"].default == DEFAULT_MAX_WORKERS > 0

@@ -285,3 +285,19 @@ def test_the_ui_shows_the_deployment_and_the_completed_run(worker_run):
         Path(keep).mkdir(parents=True, exist_ok=True)
         for png in shots.glob("*.png"):
             shutil.copy(png, Path(keep) / png.name)
+
+
+def test_stages_that_run_a_model_hold_a_device_slot_one_at_a_time(prefect_server, toy):
+    """The toy's mine@sci, mine@nf and train@w run a model: with one pgrank-device slot they never overlap."""
+    from prefect import get_client
+
+    from flows.pipeline import DEVICE_TAG, ensure_device_limit, pgrank_pipeline
+
+    pgrank_pipeline(datasets=["sci", "nf"], params_file=str(toy / "params.yaml"), max_workers=8, device_slots=1)
+    with get_client(sync_client=True) as client:
+        assert client.read_concurrency_limit_by_tag(DEVICE_TAG).concurrency_limit == 1  # created by the flow
+    assert ensure_device_limit(5) == 1  # an existing limit is the user's: kept
+    runs = {t.name: t for t in task_runs(latest_flow_run("pgrank-pipeline").id)}
+    device = sorted((runs[s].start_time, runs[s].end_time) for s in ("mine@sci", "mine@nf", "train@w"))
+    assert all(end <= start for (_, end), (start, _) in zip(device, device[1:])), device
+    assert runs["train@w"].tags == [DEVICE_TAG] and runs["download"].tags == []

@@ -48,14 +48,14 @@ def test_cached_gradient_chunking_equals_full_backprop(tmp_path, tiny_model_dir)
     accumulate_gradients(cached, batch, params, epoch=1, frozen=None, corpus=corpus)
 
     plain = _tiny(tiny_model_dir)
-    from pgrank.training.trainer import _scores
+    from pgrank.training.batches import candidate_scores
 
     cfg = params.train
     q = encode(plain, [e.query for e in examples], task="query", max_length=cfg.max_query_length)
     d = encode(plain, corpus.texts(batch.unique_rows), task="document", max_length=cfg.max_doc_length)
     pg = cfg.pg
     policy_gradient(
-        _scores(q, d, batch.index, cfg.similarity), batch.relevance, batch.mask, num_samples=pg.num_samples,
+        candidate_scores(q, d, batch.index, cfg.similarity), batch.relevance, batch.mask, num_samples=pg.num_samples,
         utility=pg.utility, estimator=pg.estimator, baseline=pg.baseline, temperature=pg.temperature,
         entropy_coef=pg.entropy_coef, entropy=pg.entropy, generator=query_generators(cfg.seed, 1, [e.qid for e in examples], "cpu"),
     ).loss.backward()
@@ -136,7 +136,7 @@ def test_nan_guard_stops_and_keeps_the_last_good_checkpoint(tmp_path, tiny_model
     params, paths = make_project(tmp_path, tiny_model_dir, overrides={"train.epochs": 2, "train.keep_epochs": [0, 1, 2]})
     import pgrank.training.trainer as training
 
-    real = training.policy_gradient
+    real = training.OBJECTIVES["pg"]
     calls = {"n": 0}
 
     def poisoned(*args, **kwargs):
@@ -144,7 +144,7 @@ def test_nan_guard_stops_and_keeps_the_last_good_checkpoint(tmp_path, tiny_model
         calls["n"] += 1
         return out._replace(loss=out.loss * float("nan")) if calls["n"] > 3 else out  # epoch 2 goes bad
 
-    monkeypatch.setattr(training, "policy_gradient", poisoned)
+    monkeypatch.setitem(training.OBJECTIVES, "pg", poisoned)
     name = str(tiny_model_dir)
     with pytest.raises(TrainingError, match="loss is nan"):
         train(params, paths, name, device="cpu", progress=False)
@@ -193,9 +193,9 @@ def _ddp_worker(rank, world, port, model_dir, project_dir, tower, out):
     frozen = None
     if tower == "query":
         from pgrank.models.hub import resolve_model
-        from pgrank.training.trainer import _frozen_documents
+        from pgrank.training.validation import frozen_documents
 
-        frozen = _frozen_documents(params, paths, resolve_model(str(model_dir), params.models), corpus)
+        frozen = frozen_documents(params, paths, resolve_model(str(model_dir), params.models), corpus)
     local = distributed.shard(examples, w)
     accumulate_gradients(model, make_batch(local), params, epoch=1, frozen=frozen, corpus=corpus,
                          forward=wrapped, no_sync=distributed.no_sync(wrapped))
@@ -222,9 +222,9 @@ def test_ddp_average_gradient_equals_single_process(tmp_path, tiny_model_dir, to
     frozen = None
     if tower == "query":
         from pgrank.models.hub import resolve_model
-        from pgrank.training.trainer import _frozen_documents
+        from pgrank.training.validation import frozen_documents
 
-        frozen = _frozen_documents(params, paths, resolve_model(str(tiny_model_dir), params.models), corpus)
+        frozen = frozen_documents(params, paths, resolve_model(str(tiny_model_dir), params.models), corpus)
     accumulate_gradients(model, make_batch(examples), params, epoch=1, frozen=frozen, corpus=corpus)
     single, ddp = _grads(model), torch.load(out)
     assert single.keys() == ddp.keys() and len(single) > 10
@@ -238,10 +238,10 @@ def test_ddp_average_gradient_equals_single_process(tmp_path, tiny_model_dir, to
 def _validation(params, paths, model_dir, world):
     from pgrank.data.beir import load_topics
     from pgrank.data.corpus_store import open_corpus
-    from pgrank.training.trainer import _training_set, qrels_by_row, validate
+    from pgrank.training.validation import qrels_by_row, training_set, validate
 
     corpus = open_corpus(paths, "toy")
-    examples = _training_set(paths, "toy", "validation", corpus)
+    examples = training_set(paths, "toy", "validation", corpus)
     qrels = qrels_by_row(load_topics(paths, "toy", "validation")[1], corpus)
     return validate(_tiny(model_dir), examples, qrels, params, frozen=None, corpus=corpus, world=world, batch_size=2)
 
@@ -250,7 +250,7 @@ def _validation_worker(rank, world, port, model_dir, project_dir, out):
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     from pgrank.training import distributed
 
-    import pgrank.training.trainer as trainer
+    import pgrank.training.validation as trainer
 
     w, _ = distributed.setup("cpu", timeout_minutes=5)
     params, paths = make_project(Path(project_dir) / f"rank{rank}", Path(model_dir), overrides={"train.tower": "both"})
@@ -316,7 +316,7 @@ def test_short_real_run_on_a_scifact_slice_raises_training_utility(tmp_path, bei
     from pgrank.mining.candidate_sets import mine
     from pgrank.models.hub import resolve_model
     from pgrank.paths import Paths
-    from pgrank.training.trainer import _frozen_documents, _training_set, qrels_by_row, validate
+    from pgrank.training.validation import frozen_documents, qrels_by_row, training_set, validate
 
     mirror = sliced_scifact_mirror(beir_mirror / "scifact.zip", tmp_path / "mirror", train=60, test=5, extra=100)
     root = Path(__file__).resolve().parents[2]
@@ -340,9 +340,9 @@ def test_short_real_run_on_a_scifact_slice_raises_training_utility(tmp_path, bei
     from pgrank.data.corpus_store import open_corpus
 
     corpus = open_corpus(paths, "scifact")
-    examples = _training_set(paths, "scifact", "train-pg", corpus)
+    examples = training_set(paths, "scifact", "train-pg", corpus)
     qrels = qrels_by_row(load_topics(paths, "scifact", "train-pg")[1], corpus)
-    frozen = _frozen_documents(params, paths, resolve_model("minilm", params.models), corpus)
+    frozen = frozen_documents(params, paths, resolve_model("minilm", params.models), corpus)
     before = validate(load_encoder("minilm", params.models, device="cpu"), examples, qrels, params, frozen=frozen)
     from sentence_transformers import SentenceTransformer
 

@@ -41,16 +41,19 @@ class DenseSystem:
 
 
 def policy_system(params: Params, paths: Paths, name: str) -> DenseSystem:
-    """``pgrank-<warm>`` (last epoch) or ``pgrank-<warm>@<epoch>``: a trained checkpoint."""
+    """``pgrank-<warm>`` (the last epoch, or the one ``train.selection`` chose) or ``pgrank-<warm>@<epoch>``."""
     from pgrank.models.hub import read_checkpoint_meta
 
     warm, _, epoch_text = name[len(POLICY_PREFIX):].partition("@")
     epoch = int(epoch_text) if epoch_text.isdigit() else params.train.epochs
     folder = paths.checkpoint(warm, epoch)
+    if not epoch_text and params.train.selection.rule != "last":  # the epoch train.selection chose
+        folder = paths.selected_checkpoint(warm)
     if not folder.is_dir():
         raise PgrankError(f"{folder}: no checkpoint for system {name!r}; run `pgrank train --warm-start {warm}` "
                           f"with epoch {epoch} in train.keep_epochs")
     meta = read_checkpoint_meta(folder)
+    epoch = meta.get("epoch", epoch)
     documents = warm if meta.get("tower") == "query" else str(folder)
     return DenseSystem(name, str(folder), documents, meta.get("similarity", "dot"), warm, epoch)
 

@@ -1,0 +1,71 @@
+"""Which epoch becomes the policy, and when training stops: ``train.selection`` (beyond the paper).
+
+The paper trains a fixed number of epochs and keeps the last (``rule: last``); its validation split
+tunes hyperparameters. Policy-gradient fine-tuning can gain in domain while it loses out of domain, so
+validation may include out-of-domain sets (``train.validation_sets``, e.g. ``nfcorpus/dev``), and the
+policy can be the epoch that
+
+* ``in_domain``: has the best in-domain validation nDCG@10, or
+* ``guarded``: has the best in-domain validation nDCG@10 among the epochs that lose at most
+  ``margin`` nDCG@10 on *every* out-of-domain set against epoch 0 (the warm start, which always
+  qualifies: when no trained epoch does, the policy is the warm start, and the log says so).
+
+Ties go to the earlier epoch. With ``patience``, training stops once that many epochs have passed
+without a newly selected one (early stopping by the same rule). These are pure functions of the
+per-epoch history rows the trainer records (``{"epoch": e, "val_ndcg@10": ..., "val_<set>_ndcg@10": ...}``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pgrank.config import SelectionConfig
+
+METRIC = "ndcg@10"
+
+
+def in_domain_key(metric: str = METRIC) -> str:
+    return f"val_{metric}"
+
+
+def set_key(name: str, metric: str = METRIC) -> str:
+    """History key of an out-of-domain validation set's metric, e.g. ``val_nfcorpus/dev_ndcg@10``."""
+    return f"val_{name}_{metric}"
+
+
+def eligible(row: dict, warm: dict, sets: Sequence[str], cfg: SelectionConfig) -> bool:
+    """Whether an epoch's row may be selected under ``cfg.rule`` (``warm``: epoch 0's row)."""
+    if cfg.rule != "guarded":
+        return True
+    return all(row[set_key(s)] >= warm[set_key(s)] - cfg.margin for s in sets)
+
+
+def select_epoch(history: Sequence[dict], sets: Sequence[str], cfg: SelectionConfig) -> int:
+    """The epoch the rule selects among the validated ones in ``history`` (rows in epoch order)."""
+    if not history:
+        raise ValueError("no validated epoch to select from")
+    if cfg.rule == "last":
+        return history[-1]["epoch"]
+    warm = history[0]
+    candidates = [row for row in history if eligible(row, warm, sets, cfg)]
+    return max(candidates, key=lambda row: (row[in_domain_key()], -row["epoch"]))["epoch"]
+
+
+def should_stop(history: Sequence[dict], sets: Sequence[str], cfg: SelectionConfig) -> bool:
+    """Early stopping: ``cfg.patience`` epochs have passed since the selected one."""
+    if not cfg.patience or cfg.rule == "last" or not history:
+        return False
+    return history[-1]["epoch"] - select_epoch(history, sets, cfg) >= cfg.patience
+
+
+def summary(history: Sequence[dict], sets: Sequence[str], cfg: SelectionConfig) -> dict[str, float | int | str]:
+    """The choice and its figures (for MLflow): selected epoch, its in-domain and out-of-domain nDCG@10
+    and their changes against the warm start."""
+    chosen = select_epoch(history, sets, cfg)
+    row = next(r for r in history if r["epoch"] == chosen)
+    warm = history[0]
+    out: dict[str, float | int | str] = {"rule": cfg.rule, "epoch": chosen}
+    for name, key in [("in_domain", in_domain_key()), *((s, set_key(s)) for s in sets)]:
+        out[f"{name}_ndcg@10"] = row[key]
+        out[f"{name}_gain"] = row[key] - warm[key]
+    return out

@@ -1,0 +1,114 @@
+"""Validation during training: reranking candidate sets with the model being trained.
+
+The in-domain set is ``data.train``'s carved ``validation`` split; ``train.validation_sets`` adds
+out-of-domain ones (mined by ``mine-train`` into the training sets), each with its own corpus, and, in
+``tower: query`` mode, the frozen document embeddings of that corpus. Every set is reranked, not
+searched: the nDCG@10 of the candidate sets sorted by the model's scores, as the paper validates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from pgrank.config import Params
+from pgrank.core.trec_eval import evaluate_run, mean_metrics
+from pgrank.errors import DataError
+from pgrank.paths import Paths
+from pgrank.training import distributed
+from pgrank.training.batches import FrozenDocuments, TrainingSet, candidate_scores, make_batch
+from pgrank.training.grad_cache import encode
+
+
+@torch.no_grad()
+def validate(model, examples: TrainingSet, qrels, params: Params, *, frozen: FrozenDocuments | None,
+             corpus=None, world: distributed.World = distributed.World(), batch_size: int = 64) -> dict[str, float]:
+    """Rerank the validation candidate sets with ``model`` (sorted by score) and evaluate them.
+
+    ``qrels`` are keyed by corpus row (:func:`qrels_by_row`), as the candidate sets are. Sharded under
+    DDP: every rank reranks and evaluates its share of the queries (``rank::size``),
+    and the per-query metrics are gathered, so every rank returns the means over all queries, equal
+    to a single process's (tested with two gloo processes).
+    """
+    cfg = params.train
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    per_query: dict[str, dict[str, float]] = {}
+    mine = list(range(world.rank, len(examples), world.size))
+    try:
+        for lo in range(0, len(mine), batch_size):
+            batch = make_batch(examples.examples(mine[lo : lo + batch_size]), device)
+            q = encode(model, [ex.query for ex in batch.examples], task="query", max_length=cfg.max_query_length, amp=cfg.amp)
+            if frozen is not None:
+                docs = frozen.vectors(batch.unique_rows, device)
+            else:
+                texts = corpus.texts(batch.unique_rows)
+                docs = torch.cat([encode(model, texts[i : i + 256], task="document", max_length=cfg.max_doc_length, amp=cfg.amp)
+                                  for i in range(0, len(texts), 256)])
+            scores = candidate_scores(q, docs, batch.index, cfg.similarity).cpu()
+            run = {ex.qid: {str(r): float(scores[b, j]) for j, r in enumerate(ex.rows.tolist())}
+                   for b, ex in enumerate(batch.examples)}
+            per_query.update(evaluate_run({qid: qrels[qid] for qid in run}, run, ks=(1, 3, 5, 10), mrr_k=10)[1])
+    finally:
+        model.train(was_training)
+    means = mean_metrics(distributed.gather_dicts(per_query, world))
+    return {k: means[k] for k in ("ndcg@1", "ndcg@3", "ndcg@5", "ndcg@10", "mrr@10")}
+
+
+def qrels_by_row(qrels, corpus) -> dict[str, dict[str, int]]:
+    """Judgments keyed by corpus row (``"17"``) instead of document id, as runs over candidate rows are; a
+    judged document missing from the corpus keeps a key of its own, so the ideal ranking still counts it."""
+    pairs = [(q, d, g) for q, docs in qrels.items() for d, g in docs.items()]
+    rows = corpus.rows(d for _, d, _ in pairs).tolist()
+    out: dict[str, dict[str, int]] = {q: {} for q in qrels}
+    for (q, d, g), r in zip(pairs, rows):
+        out[q][str(r) if r >= 0 else f"missing:{d}"] = g
+    return out
+
+
+def training_set(paths: Paths, dataset: str, split: str, corpus) -> TrainingSet:
+    from pgrank.data.candidate_store import open_candidates
+
+    store = open_candidates(paths, dataset, split)
+    if store.meta.get("corpus_sha256") != corpus.sha256:
+        raise DataError(f"{store.folder}: mined from another version of the {dataset} corpus; run `pgrank mine --training`")
+    if not len(store):
+        raise DataError(f"{store.folder}: no query of {dataset}/{split} has a candidate set")
+    return TrainingSet(store)
+
+
+@dataclass(frozen=True)
+class ValidationSet:
+    """An out-of-domain validation set (``train.validation_sets``): its own corpus, candidates, judgments."""
+
+    name: str
+    examples: TrainingSet
+    qrels: dict
+    corpus: object
+    frozen: FrozenDocuments | None
+
+
+def out_of_domain_set(params: Params, paths: Paths, name: str, doc_ref) -> ValidationSet:
+    from pgrank.data.beir import load_topics
+    from pgrank.data.candidate_store import open_candidates
+    from pgrank.data.corpus_store import open_corpus
+
+    dataset, split = name.split("/")
+    corpus = open_corpus(paths, dataset)
+    store = open_candidates(paths, dataset, split, training=True)
+    if store.meta.get("corpus_sha256") != corpus.sha256:
+        raise DataError(f"{store.folder}: mined from another version of the {dataset} corpus; run `pgrank mine --training`")
+    frozen = frozen_documents(params, paths, doc_ref, corpus) if params.train.tower == "query" else None
+    return ValidationSet(name, TrainingSet(store), qrels_by_row(load_topics(paths, dataset, split)[1], corpus), corpus, frozen)
+
+
+def frozen_documents(params: Params, paths: Paths, ref, corpus) -> FrozenDocuments:
+    """The warm start's corpus-embedding artifact (shared with mining when the model and length match)."""
+    from pgrank.retrieval.dense.corpus_embeddings import model_corpus_embeddings
+
+    cfg = params.train
+    return FrozenDocuments(model_corpus_embeddings(
+        ref, params.models, paths, corpus, max_seq_length=cfg.max_doc_length, batch_size=params.mine.batch_size,
+        chunk_size=params.mine.chunk_size))

@@ -1,0 +1,65 @@
+"""The KL regulariser in training (train.pg.kl_coef): the frozen warm start as the reference policy."""
+
+from __future__ import annotations
+
+import pytest
+from toy_project import make_project
+
+from pgrank.errors import ConfigError
+from pgrank.core.policy import top1_kl
+from pgrank.models.hub import load_encoder
+from pgrank.training.batches import TrainingSet, make_batch
+from pgrank.training.trainer import _policy_model, accumulate_gradients, train
+from pgrank.training.validation import frozen_documents
+from pgrank.training.reference import ReferencePolicy
+
+
+def _setup(tmp_path, tiny_model_dir, tower, **overrides):
+    from pgrank.data.candidate_store import open_candidates
+    from pgrank.data.corpus_store import open_corpus
+    from pgrank.models.hub import resolve_model
+
+    params, paths = make_project(tmp_path, tiny_model_dir, overrides={"train.tower": tower, **overrides})
+    corpus = open_corpus(paths, "toy")
+    ref = resolve_model(str(tiny_model_dir), params.models)
+    frozen = frozen_documents(params, paths, ref, corpus) if tower == "query" else None
+    batch = make_batch(TrainingSet(open_candidates(paths, "toy", "train-pg")).examples(range(6)))
+    return params, paths, ref, corpus, frozen, batch
+
+
+@pytest.mark.parametrize("tower", ["query", "both"])
+def test_at_the_warm_start_the_reference_scores_are_the_policys_and_the_kl_is_zero(tmp_path, tiny_model_dir, tower):
+    params, _, ref, corpus, frozen, batch = _setup(tmp_path, tiny_model_dir, tower, **{"train.pg.kl_coef": 1.0})
+    reference = ReferencePolicy(_policy_model(ref, ref, params, "cpu"), params.train)
+    ref_scores = reference.scores(batch, frozen=frozen, corpus=corpus)
+    assert not ref_scores.requires_grad and not any(p.requires_grad for p in reference.model.parameters())
+    model = _policy_model(ref, ref, params, "cpu").eval()  # dropout off: the same function as the reference
+    stats = accumulate_gradients(model, batch, params, epoch=1, frozen=frozen, corpus=corpus, reference=reference)
+    assert stats.kl == pytest.approx(0.0, abs=1e-6)
+    assert any(p.grad is not None for p in model.parameters())
+
+
+def test_a_strong_kl_keeps_the_policy_near_the_warm_start(tmp_path, tiny_model_dir):
+    """Same seed and data: kl_coef keeps the trained first-place distribution near the warm start's.
+
+    At T = 1; at the paper's T = 0.05 the first-place softmaxes are nearly one-hot, and once the
+    policy's top candidate has moved the exact top-1 KL's gradient nearly vanishes (measured here: the
+    drift fell only from 0.70 to 0.50, and no further from kl_coef 50 to 1000)."""
+    drift = {}
+    for coef in (0.0, 50.0):
+        params, paths, ref, corpus, frozen, batch = _setup(
+            tmp_path / str(coef), tiny_model_dir, "query",
+            **{"train.pg.kl_coef": coef, "train.learning_rate": 5e-4, "train.epochs": 4, "train.pg.temperature": 1.0})
+        result = train(params, paths, str(tiny_model_dir), device="cpu", progress=False)
+        warm = ReferencePolicy(_policy_model(ref, ref, params, "cpu"), params.train)
+        trained = ReferencePolicy(load_encoder(str(result.final), params.models, device="cpu"), params.train)
+        t = params.train.pg.temperature
+        logits, ref_logits = (p.scores(batch, frozen=frozen, corpus=corpus) / t for p in (trained, warm))
+        drift[coef] = top1_kl(logits, ref_logits, batch.mask).mean().item()
+    assert drift[0.0] > 0.02  # without the term the policy moves away (measured 0.036)...
+    assert drift[50.0] < drift[0.0] / 5  # ...and the term holds it near the warm start (measured 0.0024)
+
+
+def test_the_kl_term_belongs_to_the_policy_gradient(tmp_path, tiny_model_dir):
+    with pytest.raises(ConfigError, match="kl_coef"):
+        make_project(tmp_path, tiny_model_dir, overrides={"train.objective": "listnet", "train.pg.kl_coef": 0.1})
