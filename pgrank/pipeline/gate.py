@@ -3,7 +3,10 @@
 Gate set (``champion.gate_set``):
 
 * ``frozen`` (default): ``data.train``'s validation queries of the first gated pipeline run, frozen at
-  that moment: their judgments, their texts and their candidate sets. They are logged to MLflow as the
+  that moment: their judgments, their texts and their candidate sets (read from the carve-out's
+  candidate store, :mod:`pgrank.data.candidate_store`, and frozen as a TREC file whose scores are the
+  stage-1 ranks, ``n`` down to ``1``: the store keeps the order, not the scores, and reranking needs only
+  the sets). They are logged to MLflow as the
   artifacts of a ``gate-set`` run, whose id the registered model carries in the tag ``pgrank.gate_set``,
   so later data cannot change them. Scheduled retraining hands their judgments to the pipeline as
   ``data.holdout`` (:func:`holdout_override`): they stay in the validation carve-out and are never trained
@@ -14,14 +17,17 @@ Evaluation (:func:`evaluate_version`): a model version is fetched from the regis
 (``models:/NAME/VERSION``, kept under ``{root}/registry/<run id>/``) and evaluated like a dense system of
 the evaluate stage: queries through the version, documents through its document encoder's
 corpus-embedding artifact (for a ``tower: query`` policy the frozen warm start, whose artifact mining
-already built), reranking the gate set's candidate sets (``champion.stage: rerank``) or searching the
-whole corpus (``full``), scored per query by pytrec_eval. The decision is
+already built), reranking the gate set's candidate sets (``champion.stage: rerank``, streamed in chunks by
+:func:`pgrank.evaluation.stage.rerank_runs` from a candidate store of the sets written for the
+evaluation) or searching the whole corpus (``full``, :func:`pgrank.evaluation.stage.search_runs`),
+scored per query by pytrec_eval. The decision is
 :func:`pgrank.pipeline.champion.decide`.
 """
 
 from __future__ import annotations
 
 import json
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -29,6 +35,11 @@ from typing import TYPE_CHECKING
 from pgrank.atomic import atomic_path, write_json, write_text
 from pgrank.config import GATE_METRIC, Params
 from pgrank.data.beir import Qrels, load_qrels, load_topics
+from pgrank.data.candidate_store import (
+    CandidateStoreWriter,
+    open_candidate_store,
+    open_candidates,
+)
 from pgrank.data.carve_out import write_qrels
 from pgrank.data.runs import ranked, read_run, write_run
 from pgrank.errors import PgrankError
@@ -75,6 +86,23 @@ def gate_metrics(params: Params) -> tuple[list[str], list[int], int]:
 
 
 # --------------------------------------------------------------------------------------- gate sets
+
+
+def _candidate_sets(paths: Paths, dataset: str, split: str) -> dict[str, dict[str, float]]:
+    """``dataset/split``'s candidate sets from its candidate store, as a run whose scores are the stage-1
+    ranks (``n`` for the first of ``n`` candidates down to ``1``: the store keeps the order, not the scores).
+
+    Raises:
+        DataError: the split has no candidate store (mining has not run).
+    """
+    from pgrank.data.corpus_store import open_corpus
+
+    store, corpus = open_candidates(paths, dataset, split), open_corpus(paths, dataset)
+    sets = {}
+    for i, qid in enumerate(store.qids):
+        rows, _ = store.candidates(i)
+        sets[qid] = {d: float(len(rows) - r) for r, d in enumerate(corpus.ids.take(rows))}
+    return sets
 
 
 def _read(folder: Path) -> GateSet:
@@ -133,7 +161,7 @@ def freeze_gate_set(client: MlflowClient, params: Params, paths: Paths, parent_r
     tracking.configure(params, paths)  # the run goes to the registry's store
     dataset, split = params.data.train.split("/")
     queries, qrels = load_topics(paths, dataset, VALIDATION)
-    candidates = read_run(paths.candidates(dataset, VALIDATION))
+    candidates = _candidate_sets(paths, dataset, VALIDATION)
     manifest = paths.dataset_manifest(dataset)
     meta = {"dataset": dataset, "frozen_from": f"the validation carve-out of {dataset}/{split}",
             "queries": len(qrels), "pipeline_run": parent_run_id,
@@ -156,11 +184,11 @@ def named_gate_set(params: Params, paths: Paths) -> GateSet:
     queries, qrels = load_topics(paths, dataset, split)
     candidates = None
     if params.champion.stage == "rerank":
-        path = paths.candidates(dataset, split)
-        if not path.is_file():
-            raise PgrankError(f"{path}: no candidate sets for the gate set {dataset}/{split}; it must be one of "
+        folder = paths.candidate_store(dataset, split)
+        if not (folder / "meta.json").is_file():
+            raise PgrankError(f"{folder}: no candidate sets for the gate set {dataset}/{split}; it must be one of "
                               "data.eval_sets (mined by mine@<dataset>), or set champion.stage: full")
-        candidates = read_run(path)
+        candidates = _candidate_sets(paths, dataset, split)
     return GateSet(f"{dataset}/{split}", dataset, queries, qrels, candidates)
 
 
@@ -221,8 +249,7 @@ def fetch_version(client: MlflowClient, paths: Paths, model_name: str, version: 
 
 def evaluate_version(params: Params, paths: Paths, gate: GateSet, model: VersionModel) -> dict[str, dict[str, float]]:
     """Per-query metrics (:func:`gate_metrics`) of one version on the gate set, as the evaluate stage scores a dense system."""
-    from pgrank.core.trec_eval import evaluate_run
-    from pgrank.evaluation.stage import rerank_run, search_run
+    from pgrank.evaluation.stage import rerank_runs, search_runs
     from pgrank.retrieval.dense.retriever import DenseRetriever, DenseSystem
 
     cfg = params.evaluate
@@ -234,12 +261,39 @@ def evaluate_version(params: Params, paths: Paths, gate: GateSet, model: Version
     if params.champion.stage == "rerank":
         if gate.candidates is None:
             raise PgrankError(f"gate set {gate.description}: no candidate sets to rerank; set champion.stage: full")
-        known = set(retriever.doc_ids)  # a document deleted from the corpus since the freeze can't be ranked
-        candidates = {q: {d: s for d, s in docs.items() if d in known} for q, docs in gate.candidates.items()}
-        run = rerank_run(retriever, encoded, qids, candidates)
+        with tempfile.TemporaryDirectory(prefix=".gate-candidates-", dir=paths.root) as tmp:
+            store = _gate_store(Path(tmp) / "store", retriever.store, gate)
+            per_query = _scored(gate, rerank_runs(retriever, encoded, qids, store), params)
     else:
-        run = search_run(retriever, encoded, qids, cfg.top_k + (1 if cfg.ignore_identical_ids else 0))
+        per_query = _scored(gate, search_runs(retriever, encoded, qids, cfg.top_k + (1 if cfg.ignore_identical_ids else 0)),
+                            params)
+    return per_query
+
+
+def _gate_store(folder: Path, corpus, gate: GateSet):
+    """The gate set's candidate sets as a candidate store over today's corpus, what ``rerank_runs`` streams.
+
+    A document deleted from the corpus since the freeze can't be ranked: it is left out of its set.
+    """
+    import numpy as np
+
+    with CandidateStoreWriter(folder, {"dataset": gate.dataset, "split": "gate", "corpus_sha256": corpus.sha256}) as out:
+        for qid in sorted(gate.candidates):
+            docs = ranked(gate.candidates[qid])
+            rows = corpus.rows(d for d, _ in docs)
+            rows = rows[rows >= 0]
+            out.add(qid, gate.queries.get(qid, ""), rows, np.zeros(len(rows), dtype=np.int8))
+    return open_candidate_store(folder)
+
+
+def _scored(gate: GateSet, runs, params: Params) -> dict[str, dict[str, float]]:
+    """Per-query metrics of streamed runs (chunks of queries) against the gate set's judgments."""
+    from pgrank.core.trec_eval import evaluate_run
+
     _, ks, mrr_k = gate_metrics(params)
-    _, per_query = evaluate_run(gate.qrels, run, ks, mrr_k=mrr_k, ignore_identical_ids=cfg.ignore_identical_ids)
+    per_query: dict[str, dict[str, float]] = {}
+    for run in runs:
+        per_query.update(evaluate_run({q: gate.qrels[q] for q in run if q in gate.qrels}, run, ks, mrr_k=mrr_k,
+                                      ignore_identical_ids=params.evaluate.ignore_identical_ids)[1])
     return per_query
 

@@ -6,8 +6,9 @@ README tells users to do; ``toy`` (a synthetic BEIR folder) lives outside it. ``
 of it, and unchanged data re-runs nothing but the fingerprinting ``download`` stage.
 
 Two scales of the same scenario: ``mining`` reproduces the stages up to mining (every stage that reads a
-dataset directly; default suite, tracking off), ``pipeline`` the whole shrunk demo (``-m slow``: each
-stage is a process that imports torch, so twelve of them take minutes on two cores).
+dataset directly; tracking off), ``pipeline`` the whole shrunk demo (``-m slow``: each stage is a
+process that imports torch, so twelve of them take minutes on two cores). The default suite runs only
+the first test at the ``mining`` scale; the re-runs after new data are ``-m slow``.
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ def test_the_demo_runs_on_your_own_folders_and_a_repeat_only_refingerprints(byo)
     assert _repro(byo) == {"download"}
 
 
+@pytest.mark.slow  # two more repros of the mining stages: minutes on two cores (the first test keeps the default run's DVC check)
 @pytest.mark.integration
 def test_new_judgments_rerun_exactly_their_datasets_stages(byo):
     project, toy, _, env, _, expected = byo

@@ -10,6 +10,9 @@
   not installed (Debian: ``apt-get install chromium``); ``PGRANK_SCREENSHOTS=DIR`` keeps the PNGs.
 * ``pgrank schedule`` serving from its own process; a failing stage; every way scheduling fails (no
   server, a server that is down, a missing work pool) gives one line and exit 2.
+
+The worker tests (the shrunk demo, run twice: minutes) and serving are ``slow``; the default suite keeps
+the real-server smoke tests: scheduling failures, a failing stage, the device slot.
 """
 
 from __future__ import annotations
@@ -93,8 +96,11 @@ def test_a_failing_stage_fails_the_flow_and_skips_what_depends_on_it(prefect_ser
     assert "failing on purpose" in task_log(next(t for t in runs if t.name == "mine@nf"))
 
 
+@pytest.mark.slow  # serves from its own process and runs the toy pipeline through the server
 def test_schedule_serves_a_deployment_with_the_cron_schedule_that_runs(prefect_server, toy):
     from prefect import get_client
+
+    from flows.pipeline import DEFAULT_MAX_WORKERS
 
     env = {**prefect_server.env, "PREFECT_RUNNER_POLL_FREQUENCY": "1"}
     serving = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "--params", str(toy / "params.yaml"), "schedule",
@@ -111,7 +117,7 @@ def test_schedule_serves_a_deployment_with_the_cron_schedule_that_runs(prefect_s
             assert deployment is not None, serving.stderr.read() if serving.poll() is not None else "timed out"
             assert [s.schedule.cron for s in deployment.schedules] == ["0 3 * * 0"]
             assert deployment.parameters == {"profile": None, "overrides": [], "params_file": str(toy / "params.yaml"),
-                                             "start_from": "warm_start", "max_workers": None}
+                                             "start_from": "warm_start", "max_workers": DEFAULT_MAX_WORKERS}
             assert deployment.entrypoint == "flows.retraining.pgrank_retrain"
             run = client.create_flow_run_from_deployment(deployment.id)  # what the schedule does each Sunday
             state = _wait_final(client, run.id, 180).state
@@ -176,6 +182,7 @@ def worker_run(prefect_server, tmp_path_factory, beir_mirror, tiny_model_dir) ->
                      tmp / "screenshots")
 
 
+@pytest.mark.slow  # the shrunk demo, run twice by a real worker: about 5 minutes on 2 cores
 @pytest.mark.integration
 @pytest.mark.timeout(1800)  # whichever runs first sets up `worker_run`: the shrunk demo, run twice by the worker
 def test_a_worker_runs_the_deployment_one_task_per_dvc_stage_with_logs_and_the_gate_artifact(worker_run):
@@ -221,6 +228,7 @@ def _gate_artifact(flow_run_id) -> str:
     return artifact.data
 
 
+@pytest.mark.slow  # the shrunk demo, run twice by a real worker: about 5 minutes on 2 cores
 @pytest.mark.integration
 @pytest.mark.timeout(1800)  # whichever runs first sets up `worker_run`: the shrunk demo, run twice by the worker
 def test_a_run_with_nothing_changed_retrains_nothing_and_keeps_the_champion_for_that_reason(worker_run):
@@ -236,6 +244,7 @@ def test_a_run_with_nothing_changed_retrains_nothing_and_keeps_the_champion_for_
     assert str(client.get_model_version_by_alias("pgrank-retriever", "champion").version) == "1"
 
 
+@pytest.mark.slow  # the shrunk demo, run twice by a real worker: about 5 minutes on 2 cores
 @pytest.mark.integration
 @pytest.mark.timeout(1800)  # whichever runs first sets up `worker_run`: the shrunk demo, run twice by the worker
 def test_each_task_runs_only_after_its_upstream_stages_finished(worker_run):
@@ -261,6 +270,7 @@ def _chromium(url: str, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=180)
 
 
+@pytest.mark.slow  # the shrunk demo, run twice by a real worker: about 5 minutes on 2 cores
 @pytest.mark.integration
 @pytest.mark.timeout(1800)  # whichever runs first sets up `worker_run`: the shrunk demo, run twice by the worker
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium (Debian: apt-get install chromium)")
