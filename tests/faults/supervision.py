@@ -216,6 +216,23 @@ def snapshot(*folders: Path) -> dict[str, str]:
     return files
 
 
+def differences(files: dict[str, str], reference: dict[str, str], caches: tuple[str, ...] = ()) -> list[str]:
+    """The paths whose content differs between two :func:`snapshot` s.
+
+    ``caches``: snapshot prefixes (``"data/beir/.stores/"``) of content-keyed caches that a stage builds on
+    first use, whoever runs first (``{paths.data}/.stores/``, ``{paths.embeddings}/``). Each entry (the
+    first folder under a prefix) may be absent, since the next stage that needs it builds it from the same
+    content; an entry that is there must be the reference's, file for file and byte for byte.
+    """
+    def entry(path: str) -> str | None:
+        prefix = next((c for c in caches if path.startswith(c)), None)
+        return None if prefix is None else prefix + path[len(prefix):].split("/", 1)[0]
+
+    present = {entry(k) for k in files} - {None}
+    return sorted(k for k in files.keys() | reference.keys()
+                  if files.get(k) != reference.get(k) and (entry(k) is None or entry(k) in present))
+
+
 def leftovers(*folders: Path) -> list[str]:
     """Temporaries, partial downloads and lock files anywhere under ``folders`` (DVC's folder aside)."""
     found = []
