@@ -113,8 +113,12 @@ def repro(ws: Path, env: dict, *, target: str | None = None, moment: Moment | No
         env["PGRANK_FAULT"] = f"trace:{trace}"
     if moment is not None and moment.kind == "point":
         name, n = moment.value
-        env["PGRANK_FAULT"] = f"kill:{name}:{n}"  # only the target stage runs in an unrun workspace
-    proc = subprocess.Popen(["dvc", "repro"], cwd=ws, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        env["PGRANK_FAULT"] = f"kill:{name}:{n}"  # only the target stage runs (--single-item)
+    # A supervised kill runs its target alone (--single-item: every other stage is locked at the reference's
+    # hashes anyway): an always_changed stage (download) would otherwise run first, under the same
+    # PGRANK_FAULT, and could be the one that dies at the fault point.
+    command = ["dvc", "repro", "--single-item", target] if target is not None and moment is not None else ["dvc", "repro"]
+    proc = subprocess.Popen(command, cwd=ws, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     chunks: list[bytes] = []
     ticks = Counter()  # output matches while the target runs
     state = {"target_running": False, "stage": None}
@@ -193,6 +197,13 @@ def repro(ws: Path, env: dict, *, target: str | None = None, moment: Moment | No
 
 
 # --------------------------------------------------------------------------------------- states
+
+
+def always_changed(ws: Path) -> set[str]:
+    """Stages of ``ws/dvc.yaml`` marked ``always_changed`` (download: it notices new data.sources content),
+    which every ``dvc repro`` runs; their outputs stay the same, so nothing downstream runs because of them."""
+    stages = yaml.safe_load((ws / "dvc.yaml").read_text())["stages"]
+    return {name for name, stage in stages.items() if isinstance(stage, dict) and stage.get("always_changed")}
 
 
 def snapshot(*folders: Path) -> dict[str, str]:
