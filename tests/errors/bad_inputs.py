@@ -14,9 +14,9 @@ import io
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
-import stat
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
