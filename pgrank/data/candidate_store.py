@@ -86,16 +86,32 @@ def open_candidate_store(folder: str | Path) -> CandidateStore:
     meta_path = folder / "meta.json"
     if not meta_path.is_file():
         raise DataError(f"{folder}: no candidate sets (no meta.json); run `pgrank mine` first")
-    meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    if meta.get("format") != FORMAT:
-        raise DataError(f"{meta_path}: format {meta.get('format')!r}, expected {FORMAT!r}")
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise DataError(f"{meta_path}: not valid JSON ({exc}; a damaged store); mine again") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        found = meta.get("format") if isinstance(meta, dict) else None
+        raise DataError(f"{meta_path}: format {found!r}, expected {FORMAT!r}")
     pairs = int(meta["pairs"])
+    for name, dtype in (("rows.i32", ROW_DTYPE), ("grades.i8", GRADE_DTYPE)):  # a short file cannot be mapped
+        size, expected = _size(folder / name), pairs * np.dtype(dtype).itemsize
+        if size != expected:
+            raise DataError(f"{folder / name}: {size} bytes, meta.json says {pairs} pairs ({expected} bytes): "
+                            "a damaged store; mine again")
     store = CandidateStore(folder, StringColumn.open(folder, "qids"), StringColumn.open(folder, "queries"),
                            open_array(folder / "offsets.npy"), open_raw(folder / "rows.i32", ROW_DTYPE, pairs),
                            open_raw(folder / "grades.i8", GRADE_DTYPE, pairs), meta)
     if len(store) != meta["queries"] or int(store.offsets[-1]) != pairs:
         raise DataError(f"{folder}: the columns disagree with meta.json (a damaged store); mine again")
     return store
+
+
+def _size(path: Path) -> int | None:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return None
 
 
 def open_candidates(paths: Paths, dataset: str, split: str, training: bool = False) -> CandidateStore:

@@ -51,7 +51,7 @@ from pgrank.data.beir import Qrels, load_topics
 from pgrank.data.candidate_store import ScoredSet, write_candidates
 from pgrank.data.corpus_store import CorpusStore, open_corpus
 from pgrank.data.runs import order_keys
-from pgrank.errors import PgrankError
+from pgrank.errors import DataError, PgrankError
 from pgrank.paths import CARVED_SPLITS, CARVED_TRAIN, VALIDATION, Paths
 
 log = logging.getLogger(__name__)
@@ -260,8 +260,13 @@ def _mine_published(params: Params, paths: Paths, dataset: str, split: str) -> M
 
     started = time.perf_counter()
     published = importlib.import_module(SOURCES["published"])
-    sets = published.read_published(published.fetch_published(dataset, split, params.mine.published_dir))
+    source = published.fetch_published(dataset, split, params.mine.published_dir)
+    sets = published.read_published(source)
     queries, qrels = load_topics(paths, dataset, split)
+    unknown = sorted(q for q in sets if q not in queries)
+    if unknown:  # checked before the corpus store is built: a bad file changes nothing
+        raise DataError(f"{source}: query {unknown[0]!r} is not a query of {dataset}/{split} "
+                        f"({len(unknown)} such queries); is it the file of another dataset or split?")
     corpus = open_corpus(paths, dataset)
     absent = [q for q in qrels if q not in sets]
     if absent:

@@ -12,8 +12,11 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import shutil
 import stat
+import subprocess
+import sys
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -128,21 +131,45 @@ def installed(folder: Path, **changes) -> Path:
     return folder
 
 
-def candidates(text: str) -> Callable[[Path], list[str]]:
-    """A case setup: the installed toy dataset, ``runs/candidates/toy/train.trec`` = ``text``, BM25 reranks it."""
+PUBLISHED = "toy_candidate-set_gtrxl+gt_1000_test.json"  # the authors' file name for toy/test (mine.published_dir)
+
+
+def published(lines: list[dict | str] | None) -> Callable[[Path], list[str]]:
+    """A case setup: the installed toy dataset with a ``test`` split, the authors' candidate file for it in
+    ``published/`` (one JSON record per line; a string is written as is; ``None``: no file), then ``pgrank mine``
+    from it.
+
+    Candidate files a user brings are the authors' published sets (``mine.source: published``); the
+    TREC runs pgrank writes beside its candidate stores are outputs, read by no stage.
+    """
 
     def setup(folder: Path) -> list[str]:
-        installed(folder)
-        path = folder / "runs" / "candidates" / "toy" / "train.trec"
-        path.parent.mkdir(parents=True)
-        path.write_text(text)
-        return ["evaluate", "--system", "bm25", "--dataset", "toy"]
+        installed(folder, mine__source="published", mine__published_dir="published")
+        shutil.copy(folder / "data" / "toy" / "qrels" / "train.tsv", folder / "data" / "toy" / "qrels" / "test.tsv")
+        (folder / "published").mkdir()
+        if lines is not None:
+            text = "".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines)
+            (folder / "published" / PUBLISHED).write_text(text)
+        return ["mine", "--dataset", "toy", "--split", "test"]
 
     return setup
 
 
-def _good_run(folder_rows: int = 3) -> str:
-    return "".join(f"q0-0 Q0 d0-{i} {i + 1} {10 - i}.5 pgrank-bm25\n" for i in range(folder_rows))
+def _record(qid: str = "q0-0", n: int = 3) -> dict:
+    return {"qid": qid, "topk": {f"d0-{i}": 10.5 - i for i in range(n)}}
+
+
+def damaged_store(folder: Path) -> list[str]:
+    """A candidate store whose rows file was cut short (a disk that filled, a copy that stopped), then reranked."""
+    installed(folder)
+    subprocess.run([sys.executable, str(ROOT / "cli.py"), "--set", "mine.source=bm25", "mine", "--dataset", "toy"],
+                   cwd=folder, check=True, capture_output=True, timeout=600,
+                   env={**{k: v for k, v in os.environ.items() if k not in ("PGRANK_PROFILE", "MLFLOW_TRACKING_URI")},
+                        "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    rows = folder / "runs" / "candidates" / "toy" / "train" / "rows.i32"
+    assert rows.is_file(), sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+    rows.write_bytes(rows.read_bytes()[:100])
+    return ["evaluate", "--system", "bm25", "--dataset", "toy"]
 
 
 def model_folder(folder: Path, tiny: Path, *, pickles_only: bool = False, no_weights: bool = False) -> Path:
@@ -349,19 +376,24 @@ CASES: list[Case] = [
          r"mirror/fiqa\.zip: not in the mirror"),
     Case("archive-bad-sums", "archives", "a SHA256SUMS line in the wrong order", bad_sums,
          r"mirror/SHA256SUMS:1: expected '<sha256>  <name>\.zip'"),
-    # candidate files (read by `pgrank evaluate` and `pgrank train`)
-    Case("candidates-truncated", "candidate files", "a candidate line cut short",
-         candidates(_good_run() + "q0-0 Q0 d0-3 4\n"), r"train\.trec:4: expected 6 fields"),
-    Case("candidates-twice", "candidate files", "a document listed twice for one query",
-         candidates(_good_run() + "q0-0 Q0 d0-1 4 1.0 pgrank-bm25\n"),
-         r"train\.trec:4: document 'd0-1' listed twice for query 'q0-0'"),
-    Case("candidates-unknown-query", "candidate files", "a query that is not in the split",
-         candidates(_good_run() + "q77 Q0 d0-1 1 1.0 pgrank-bm25\n"), r"train\.trec:4: query 'q77' is not a query of this split"),
-    Case("candidates-score", "candidate files", "a score `n/a`",
-         candidates("q0-0 Q0 d0-0 1 n/a pgrank-bm25\n"), r"train\.trec:1: rank '1' / score 'n/a'"),
-    Case("candidates-interleaved", "candidate files", "a query's lines split by another query's",
-         candidates(_good_run(1) + "q0-1 Q0 d0-1 1 1.0 t\nq0-0 Q0 d0-2 2 1.0 t\n"),
-         r"train\.trec:3: query 'q0-0' appears again after other queries"),
+    # candidate files: the authors' published sets a user brings (`mine.source: published`), and the stores
+    # that mining writes and training and evaluation read
+    Case("candidates-truncated", "candidate files", "a published candidate line cut short",
+         published([_record(), '{"qid": "q0-1", "topk": {"d0-1": 3.5, "d0']),
+         r"toy_candidate-set_gtrxl\+gt_1000_test\.json:2: not valid JSON"),
+    Case("candidates-twice", "candidate files", "a query given twice in a published file",
+         published([_record(), _record("q0-1"), _record()]),
+         r"toy_candidate-set_gtrxl\+gt_1000_test\.json:3: query 'q0-0' appears twice"),
+    Case("candidates-unknown-query", "candidate files", "a published query that is not in the split",
+         published([_record(), _record("q77")]),
+         r"toy_candidate-set_gtrxl\+gt_1000_test\.json: query 'q77' is not a query of toy/test"),
+    Case("candidates-score", "candidate files", "a published score `n/a`",
+         published([{"qid": "q0-0", "topk": {"d0-0": "n/a"}}]),
+         r"toy_candidate-set_gtrxl\+gt_1000_test\.json:1: query 'q0-0', document 'd0-0': score 'n/a' is not a number or null"),
+    Case("candidates-missing-file", "candidate files", "`mine.published_dir` without the split's file",
+         published(None), r"published/toy_candidate-set_gtrxl\+gt_1000_test\.json: no such file \(mine\.published_dir\)"),
+    Case("candidates-store-truncated", "candidate files", "a candidate store whose `rows.i32` was cut short",
+         damaged_store, r"candidates/toy/train/rows\.i32: 100 bytes, meta\.json says \d+ pairs"),
     # models
     Case("model-pickle-only", "models", "a model folder with `pytorch_model.bin` only",
          with_model(_alias_to("pickles_only")), r"pytorch_model\.bin: pickled weights with no safetensors beside them"),

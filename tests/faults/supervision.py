@@ -113,8 +113,12 @@ def repro(ws: Path, env: dict, *, target: str | None = None, moment: Moment | No
         env["PGRANK_FAULT"] = f"trace:{trace}"
     if moment is not None and moment.kind == "point":
         name, n = moment.value
-        env["PGRANK_FAULT"] = f"kill:{name}:{n}"  # only the target stage runs in an unrun workspace
-    proc = subprocess.Popen(["dvc", "repro"], cwd=ws, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        env["PGRANK_FAULT"] = f"kill:{name}:{n}"  # only the target stage runs (--single-item)
+    # A supervised kill runs its target alone (--single-item: every other stage is locked at the reference's
+    # hashes anyway): an always_changed stage (download) would otherwise run first, under the same
+    # PGRANK_FAULT, and could be the one that dies at the fault point.
+    command = ["dvc", "repro", "--single-item", target] if target is not None and moment is not None else ["dvc", "repro"]
+    proc = subprocess.Popen(command, cwd=ws, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     chunks: list[bytes] = []
     ticks = Counter()  # output matches while the target runs
     state = {"target_running": False, "stage": None}
@@ -195,6 +199,13 @@ def repro(ws: Path, env: dict, *, target: str | None = None, moment: Moment | No
 # --------------------------------------------------------------------------------------- states
 
 
+def always_changed(ws: Path) -> set[str]:
+    """Stages of ``ws/dvc.yaml`` marked ``always_changed`` (download: it notices new data.sources content),
+    which every ``dvc repro`` runs; their outputs stay the same, so nothing downstream runs because of them."""
+    stages = yaml.safe_load((ws / "dvc.yaml").read_text())["stages"]
+    return {name for name, stage in stages.items() if isinstance(stage, dict) and stage.get("always_changed")}
+
+
 def snapshot(*folders: Path) -> dict[str, str]:
     """``{path: sha256}`` of every file under ``folders`` but DVC's own folder, MLflow's store and
     (size, mtime) checksum caches; symbolic links by target; ``dvc.lock`` by its entries (their order
@@ -214,6 +225,23 @@ def snapshot(*folders: Path) -> dict[str, str]:
             elif path.is_file():
                 files[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
     return files
+
+
+def differences(files: dict[str, str], reference: dict[str, str], caches: tuple[str, ...] = ()) -> list[str]:
+    """The paths whose content differs between two :func:`snapshot` s.
+
+    ``caches``: snapshot prefixes (``"data/beir/.stores/"``) of content-keyed caches that a stage builds on
+    first use, whoever runs first (``{paths.data}/.stores/``, ``{paths.embeddings}/``). Each entry (the
+    first folder under a prefix) may be absent, since the next stage that needs it builds it from the same
+    content; an entry that is there must be the reference's, file for file and byte for byte.
+    """
+    def entry(path: str) -> str | None:
+        prefix = next((c for c in caches if path.startswith(c)), None)
+        return None if prefix is None else prefix + path[len(prefix):].split("/", 1)[0]
+
+    present = {entry(k) for k in files} - {None}
+    return sorted(k for k in files.keys() | reference.keys()
+                  if files.get(k) != reference.get(k) and (entry(k) is None or entry(k) in present))
 
 
 def leftovers(*folders: Path) -> list[str]:

@@ -97,6 +97,7 @@ def _artifact(project: Path, mirror: Path, tiny_model_dir: Path, max_seq_length:
         resolve_model("minilm", params.models).key, max_seq_length, sha)
 
 
+@pytest.mark.slow  # two shrunk pipelines side by side: minutes on CI's 2 cores
 @pytest.mark.integration
 def test_two_profiles_at_once_write_shared_datasets_and_embeddings_once(tmp_path, beir_mirror, tiny_model_dir):
     project = project_copy(tmp_path / "project")

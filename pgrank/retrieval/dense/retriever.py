@@ -83,9 +83,13 @@ class DenseRetriever:
         self.params, self.system = params, system
         self.max_seq_length, self.batch_size, self.progress = max_seq_length, batch_size, progress
         self._query_model = None
+        # Models are resolved (offline copy found, safetensors only, checksum) before the corpus store is
+        # built: a bad model is reported without first writing the store into {paths.data}/.stores.
+        document_ref = resolve_model(system.document_model, params.models)
+        if not self._same_model:
+            resolve_model(system.query_model, params.models)
         self.store = open_corpus(paths, dataset, progress=progress)
         self.doc_ids = self.store.ids
-        document_ref = resolve_model(system.document_model, params.models)
         artifact = paths.corpus_embeddings(document_ref.key, max_seq_length, self.store.sha256)
         if candidates is not None and not (artifact / "meta.json").is_file():
             self.emb = SubsetEmbeddings(self._document_model(), self.store, candidates, paths.embeddings,
