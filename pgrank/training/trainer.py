@@ -228,34 +228,29 @@ def train(params: Params, paths: Paths, warm_start: str, *, device: str | None =
     document_model = functools.cache(
         lambda: load_encoder(doc_ref, params.models, device=str(dev), max_seq_length=cfg.max_doc_length))
 
+    def write_checkpoint(folder: Path, epoch: int, **extra) -> None:
+        """The model as a sentence-transformers checkpoint (``tower: query``: with the frozen document side)."""
+        meta = {"warm_start": warm_start, "warm_start_model": ref.key, "tower": cfg.tower, "epoch": epoch,
+                "similarity": cfg.similarity, "fingerprint": fingerprint, **extra,
+                "document_encoder": doc_ref.key if cfg.tower == "query" else None}
+        doc_model = None
+        if cfg.tower == "query":
+            doc_model = document_model()
+            model[0].max_seq_length = cfg.max_query_length
+        checkpoints.save_model(model, folder, meta, document_model=doc_model)
+        if cfg.tower == "query":
+            model[0].max_seq_length = cfg.max_doc_length
+
     def save(epoch: int) -> None:
         if world.is_main and (epoch in cfg.keep_epochs or epoch == cfg.epochs):
-            meta = {"warm_start": warm_start, "warm_start_model": ref.key, "tower": cfg.tower, "epoch": epoch,
-                    "similarity": cfg.similarity, "fingerprint": fingerprint,
-                    "document_encoder": doc_ref.key if cfg.tower == "query" else None}
-            doc_model = None
-            if cfg.tower == "query":
-                doc_model = document_model()
-                model[0].max_seq_length = cfg.max_query_length
-            checkpoints.save_model(model, paths.checkpoint(warm_start, epoch), meta, document_model=doc_model)
-            if cfg.tower == "query":
-                model[0].max_seq_length = cfg.max_doc_length
+            write_checkpoint(paths.checkpoint(warm_start, epoch), epoch)
 
     def keep_selected(epoch: int) -> None:
         """Under a selection rule, the epoch just validated becomes ``selected/`` when the rule picks it."""
         if not world.is_main or cfg.selection.rule == "last":
             return
         if selection.select_epoch(state.history, cfg.validation_sets, cfg.selection) == epoch:
-            meta = {"warm_start": warm_start, "warm_start_model": ref.key, "tower": cfg.tower, "epoch": epoch,
-                    "similarity": cfg.similarity, "fingerprint": fingerprint, "selected_by": cfg.selection.rule,
-                    "document_encoder": doc_ref.key if cfg.tower == "query" else None}
-            doc_model = None
-            if cfg.tower == "query":
-                doc_model = document_model()
-                model[0].max_seq_length = cfg.max_query_length
-            checkpoints.save_model(model, paths.selected_checkpoint(warm_start), meta, document_model=doc_model)
-            if cfg.tower == "query":
-                model[0].max_seq_length = cfg.max_doc_length
+            write_checkpoint(paths.selected_checkpoint(warm_start), epoch, selected_by=cfg.selection.rule)
 
     run_params = {"train": params.train.model_dump(mode="json"), "data.train": params.data.train, "warm_start": ref.key,
                   **({"document_encoder": doc_ref.key} if cfg.tower == "query" else {})}
