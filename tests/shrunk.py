@@ -89,6 +89,9 @@ def shrunk_overrides(tiny_model_dir: Path) -> list[str]:
         "train.pg.num_samples=16",
         "evaluate.policy_epochs=[]",
         "evaluate.top_k=100",
+        "data.eval_sets=[scifact/test]",  # the sliced mirrors: no nfcorpus out-of-domain validation
+        "train.validation_sets=[]",
+        "train.selection={rule: last, patience: null}",
     ]
 
 

@@ -118,7 +118,9 @@ def make_plan(params: Params, paths: Paths, profile: str = "paper") -> Plan:
     """Count every stage's work for ``params`` (see the module docstring)."""
     train_dataset = params.data.train.split("/")[0]
     eval_sets = params.data.eval_sets_by_dataset()
-    sizes = {d: dataset_sizes(params, paths, d) for d in dict.fromkeys([train_dataset, *eval_sets])}
+    held_out = [name.split("/") for name in params.train.validation_sets]  # mined by mine-train, validated every epoch
+    sizes = {d: dataset_sizes(params, paths, d)
+             for d in dict.fromkeys([train_dataset, *(d for d, _ in held_out), *eval_sets])}
     plan = Plan(profile, sizes)
     built: set[tuple[str, int, str]] = set()  # corpus-embedding artifacts, as the pipeline reuses them
     mine, C = params.mine, params.mine.candidates
@@ -141,12 +143,12 @@ def make_plan(params: Params, paths: Paths, profile: str = "paper") -> Plan:
         add(Line("download", dataset, disk=s["documents"] * CORPUS_STORE_DOC_BYTES, note="corpus store"))
 
     # ---- mining
-    def mine_line(stage: str, dataset: str, splits: list[str]) -> None:
+    def mine_line(stage: str, dataset: str, splits: list[str], training: bool = False) -> None:
         queries = sum(_queries(sizes[dataset], dataset, s, params) for s in splits)
         size = min(C, sizes[dataset]["documents"])
         pairs = queries * size
         trec = sum(_queries(sizes[dataset], dataset, s, params) * size for s in splits
-                   if s not in (CARVED_TRAIN, VALIDATION) or mine.training_runs)
+                   if not training or mine.training_runs)
         disk = pairs * STORE_PAIR_BYTES + trec * TREC_LINE_BYTES
         if mine.source == "dense":
             docs, emb, note = artifact(mine.model, mine.max_seq_length, dataset)
@@ -158,14 +160,17 @@ def make_plan(params: Params, paths: Paths, profile: str = "paper") -> Plan:
             add(Line(stage, "published", pairs=pairs, disk=disk))
 
     if mine.source != "published":
-        mine_line("mine-train", train_dataset, [CARVED_TRAIN, VALIDATION])
+        mine_line("mine-train", train_dataset, [CARVED_TRAIN, VALIDATION], training=True)
+        for dataset, split in held_out:
+            mine_line("mine-train", dataset, [split], training=True)
     for dataset, splits in eval_sets.items():
         mine_line(f"mine@{dataset}", dataset, splits)
 
     # ---- training, one policy per warm start
     cfg = params.train
     train_queries = _queries(sizes[train_dataset], train_dataset, CARVED_TRAIN, params)
-    validation = _queries(sizes[train_dataset], train_dataset, VALIDATION, params)
+    validation = _queries(sizes[train_dataset], train_dataset, VALIDATION, params) + sum(
+        _queries(sizes[d], d, split, params) for d, split in held_out)
     for warm in cfg.warm_starts:
         _, _, size = _facts(params, warm)
         kept = len(set(cfg.keep_epochs) | {cfg.epochs}) * (2 if cfg.tower == "query" else 1)
