@@ -22,6 +22,7 @@ MIRROR = Path(os.environ.get("PGRANK_TEST_MIRROR", ROOT.parent / "shared" / "dat
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("DVC_NO_ANALYTICS", "1")  # no usage-report daemon after each of the suite's many dvc calls
 
 
 @pytest.fixture(scope="session")
