@@ -92,6 +92,14 @@ def chunks(n: int, size: int) -> list[slice]:
     return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
 
+@torch.no_grad()
+def encode_chunks(model: torch.nn.Module, texts: Sequence[str], *, chunk_size: int, task: str, max_length: int,
+                  amp: str = "off") -> Tensor:
+    """Encode ``texts`` without gradient, ``chunk_size`` at a time (bounded activation memory)."""
+    return torch.cat([encode(model, texts[sl], task=task, max_length=max_length, amp=amp)
+                      for sl in chunks(len(texts), chunk_size)])
+
+
 def encode_cached(
     model: torch.nn.Module,
     texts: Sequence[str],

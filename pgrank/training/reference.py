@@ -23,7 +23,7 @@ from torch import Tensor
 
 from pgrank.config import TrainConfig
 from pgrank.training.batches import Batch, FrozenDocuments, candidate_scores
-from pgrank.training.grad_cache import encode
+from pgrank.training.grad_cache import encode, encode_chunks
 
 
 class ReferencePolicy:
@@ -45,8 +45,6 @@ class ReferencePolicy:
         if frozen is not None:
             docs = frozen.vectors(batch.unique_rows, device)
         else:
-            texts = corpus.texts(batch.unique_rows)
-            docs = torch.cat([encode(self.model, texts[i : i + cfg.grad_chunk_size], task="document",
-                                     max_length=cfg.max_doc_length, amp=cfg.amp)
-                              for i in range(0, len(texts), cfg.grad_chunk_size)])
+            docs = encode_chunks(self.model, corpus.texts(batch.unique_rows), chunk_size=cfg.grad_chunk_size,
+                                 task="document", max_length=cfg.max_doc_length, amp=cfg.amp)
         return candidate_scores(q.float(), docs.float(), batch.index, cfg.similarity)

@@ -18,7 +18,7 @@ from pgrank.errors import DataError
 from pgrank.paths import Paths
 from pgrank.training import distributed
 from pgrank.training.batches import FrozenDocuments, TrainingSet, candidate_scores, make_batch
-from pgrank.training.grad_cache import encode
+from pgrank.training.grad_cache import encode, encode_chunks
 
 
 @torch.no_grad()
@@ -44,9 +44,8 @@ def validate(model, examples: TrainingSet, qrels, params: Params, *, frozen: Fro
             if frozen is not None:
                 docs = frozen.vectors(batch.unique_rows, device)
             else:
-                texts = corpus.texts(batch.unique_rows)
-                docs = torch.cat([encode(model, texts[i : i + 256], task="document", max_length=cfg.max_doc_length, amp=cfg.amp)
-                                  for i in range(0, len(texts), 256)])
+                docs = encode_chunks(model, corpus.texts(batch.unique_rows), chunk_size=256, task="document",
+                                     max_length=cfg.max_doc_length, amp=cfg.amp)
             scores = candidate_scores(q, docs, batch.index, cfg.similarity).cpu()
             run = {ex.qid: {str(r): float(scores[b, j]) for j, r in enumerate(ex.rows.tolist())}
                    for b, ex in enumerate(batch.examples)}
@@ -68,10 +67,12 @@ def qrels_by_row(qrels, corpus) -> dict[str, dict[str, int]]:
     return out
 
 
-def training_set(paths: Paths, dataset: str, split: str, corpus) -> TrainingSet:
+def training_set(paths: Paths, dataset: str, split: str, corpus, training: bool = False) -> TrainingSet:
+    """The candidate store of ``dataset/split`` (``training``: a ``train.validation_sets`` set, among the
+    training sets), checked against ``corpus``."""
     from pgrank.data.candidate_store import open_candidates
 
-    store = open_candidates(paths, dataset, split)
+    store = open_candidates(paths, dataset, split, training)
     if store.meta.get("corpus_sha256") != corpus.sha256:
         raise DataError(f"{store.folder}: mined from another version of the {dataset} corpus; run `pgrank mine --training`")
     if not len(store):
@@ -92,16 +93,13 @@ class ValidationSet:
 
 def out_of_domain_set(params: Params, paths: Paths, name: str, doc_ref) -> ValidationSet:
     from pgrank.data.beir import load_topics
-    from pgrank.data.candidate_store import open_candidates
     from pgrank.data.corpus_store import open_corpus
 
     dataset, split = name.split("/")
     corpus = open_corpus(paths, dataset)
-    store = open_candidates(paths, dataset, split, training=True)
-    if store.meta.get("corpus_sha256") != corpus.sha256:
-        raise DataError(f"{store.folder}: mined from another version of the {dataset} corpus; run `pgrank mine --training`")
+    examples = training_set(paths, dataset, split, corpus, training=True)
     frozen = frozen_documents(params, paths, doc_ref, corpus) if params.train.tower == "query" else None
-    return ValidationSet(name, TrainingSet(store), qrels_by_row(load_topics(paths, dataset, split)[1], corpus), corpus, frozen)
+    return ValidationSet(name, examples, qrels_by_row(load_topics(paths, dataset, split)[1], corpus), corpus, frozen)
 
 
 def frozen_documents(params: Params, paths: Paths, ref, corpus) -> FrozenDocuments:
