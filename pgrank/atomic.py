@@ -305,6 +305,26 @@ def _holder(lock: Path) -> str:
         return "another process"
 
 
+def clear_stale_lock(lock: str | Path) -> None:
+    """Delete ``lock`` if it is a killed holder's leftover, for a caller that found the artifact complete.
+
+    :func:`exclusive`'s holder deletes its file on the way out, but one killed after the artifact was
+    finished (its last file renamed into place) leaves it behind, and a later process that finds the
+    artifact complete never takes the lock, so never deletes it. A lock nobody holds is taken and given
+    back at once (which deletes it); one that is held is left to its holder.
+    """
+    lock = Path(lock)
+    if not lock.exists():
+        return
+    try:
+        with exclusive(lock, what=str(lock), wait=False):
+            pass
+    except Busy:
+        pass
+    except OSError:  # a read-only shared folder: nothing to tidy, and nothing this process can tidy
+        pass
+
+
 @contextlib.contextmanager
 def exclusive(lock: str | Path, *, what: str, wait: bool = True) -> Iterator[None]:
     """Hold the inter-process lock ``lock`` (a file; for an artifact, :func:`lock_file`) during the block.

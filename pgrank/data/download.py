@@ -46,7 +46,7 @@ from typing import Literal
 from tqdm.auto import tqdm
 
 from pgrank import tracking
-from pgrank.atomic import atomic_path, exclusive, fault_point, lock_file
+from pgrank.atomic import atomic_path, clear_stale_lock, exclusive, fault_point, lock_file
 from pgrank.config import Params
 from pgrank.data.archive import beir_folders, extract
 from pgrank.data.carve_out import CarveOut, write_carve_out
@@ -341,6 +341,8 @@ def fetch_dataset(
                         "(letters, digits, '_', '-', '.')")
     target = Path(target)
     if (target / DOWNLOAD_RECORD).is_file() or target.exists():  # (a read-only shared folder needs no lock)
+        if (target / DOWNLOAD_RECORD).is_file():
+            clear_stale_lock(lock_file(target))  # a holder killed after the dataset was installed
         return _fetch(name, target, source, sums, progress)
     data_dir = target.parent
     created = not data_dir.exists()

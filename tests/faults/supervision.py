@@ -55,6 +55,20 @@ class Moment:
     kind: str
     value: object  # point: (name, n); output: (regex, n); bytes: int; seconds: float
     label: str  # what is interrupted, for reports: "mid-extract", "mid-epoch 2", ...
+    fraction: float | None = None  # bytes, seconds: the share of the traced run's total it was drawn at
+
+    def redrawn(self, trace: StageTrace) -> Moment:
+        """The same share of what ``trace`` (a run this moment never came in) wrote or lasted.
+
+        A stage rerun on a restored workspace can write less or finish sooner than in the reference run
+        (warm page cache, content-keyed caches another stage built): a moment drawn from the reference may
+        then never come.
+        """
+        if self.kind == "bytes":
+            return _bytes_moment(trace, self.fraction)
+        if self.kind == "seconds":
+            return _seconds_moment(trace, self.fraction)
+        raise ValueError(f"a {self.kind} moment is not drawn from a share of a run")
 
     def __str__(self) -> str:
         return f"{self.label} ({self.kind} {self.value})"
@@ -191,8 +205,10 @@ def repro(ws: Path, env: dict, *, target: str | None = None, moment: Moment | No
             lines = (trace / str(trace_.pid)).read_text(encoding="utf-8").splitlines()
             trace_.points = [tuple(line.split("\t", 1)) for line in lines]
         by_stage[trace_.stage] = trace_
-    if moment is not None and moment.kind == "point" and re.search(r"exited with -9\b", output):
-        killed = target  # it killed itself at the fault point; DVC reports the signal
+    if moment is not None and moment.kind == "point" and re.search(r"exited with (-9|137)\b", output):
+        # It killed itself at the fault point. DVC reports the signal as -9 when it ran the stage directly,
+        # or as 137 (128 + SIGKILL) when a shell ran it without exec (whether one does depends on $SHELL).
+        killed = target
     return Outcome(proc.returncode, output, by_stage, killed)
 
 
@@ -304,9 +320,17 @@ def draw_moments(trace: StageTrace, rng: random.Random, n: int, extra: list[Mome
             name = rng.choice(sorted({p for p, _ in trace.points}))
             moments.append(at_point(trace, rng, name))
         elif kind == "bytes":
-            written = int(trace.written * rng.uniform(0.05, 0.8))
-            moments.append(Moment("bytes", written, f"after {written} of {trace.written} bytes written"))
+            moments.append(_bytes_moment(trace, rng.uniform(0.05, 0.8)))
         else:
-            seconds = round(trace.seconds * rng.uniform(0.1, 0.7), 2)
-            moments.append(Moment("seconds", seconds, f"{seconds} of {trace.seconds:.1f} s in"))
+            moments.append(_seconds_moment(trace, rng.uniform(0.1, 0.7)))
     return moments
+
+
+def _bytes_moment(trace: StageTrace, fraction: float) -> Moment:
+    written = int(trace.written * fraction)
+    return Moment("bytes", written, f"after {written} of {trace.written} bytes written", fraction)
+
+
+def _seconds_moment(trace: StageTrace, fraction: float) -> Moment:
+    seconds = round(trace.seconds * fraction, 2)
+    return Moment("seconds", seconds, f"{seconds} of {trace.seconds:.1f} s in", fraction)

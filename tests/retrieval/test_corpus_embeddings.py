@@ -187,3 +187,31 @@ def test_subset_embeddings_encode_only_the_rows_asked_for(tmp_path, tiny, monkey
 
     gc.collect()
     assert not scratch.exists()  # the temporary vectors go with the object
+
+
+def test_a_holder_killed_after_finishing_leaves_no_lock_behind(tmp_path, tiny):
+    """A process SIGKILLed after meta.json was renamed into place never deleted its lock file; the next one
+    that finds the artifact complete clears it (the kill sweep found this after a mine-train kill)."""
+    import subprocess
+    import sys
+
+    from pgrank.atomic import lock_file
+
+    build(tmp_path / "emb", tiny)
+    lock = lock_file(tmp_path / "emb")
+    lock.write_text('{"pid": 1, "host": "gone", "since": 0, "command": "pgrank mine --training"}')
+    build(tmp_path / "emb", tiny)
+    assert not lock.exists()
+
+    # A lock somebody holds is theirs: it stays.
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from pgrank.atomic import exclusive\n"
+        f"with exclusive({str(lock)!r}, what='x'):\n    print('held', flush=True); time.sleep(60)")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        build(tmp_path / "emb", tiny)
+        assert lock.exists()
+    finally:
+        holder.kill()
+        holder.wait()

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from tqdm.auto import tqdm
 
-from pgrank.atomic import atomic_path, exclusive, lock_file, write_json
+from pgrank.atomic import atomic_path, clear_stale_lock, exclusive, lock_file, write_json
 from pgrank.data.beir import document_text
 from pgrank.data.corpus_store import CorpusStore
 from pgrank.errors import DataError
@@ -192,6 +192,7 @@ def build_corpus_embeddings(
     """
     folder = Path(folder)
     if (folder / "meta.json").is_file():
+        clear_stale_lock(lock_file(folder))  # a holder killed after meta.json was written
         return open_corpus_embeddings(folder)
     num_docs, texts = row_texts(corpus)
     if not num_docs:
