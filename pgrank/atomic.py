@@ -319,9 +319,7 @@ def clear_stale_lock(lock: str | Path) -> None:
     try:
         with exclusive(lock, what=str(lock), wait=False):
             pass
-    except Busy:
-        pass
-    except OSError:  # a read-only shared folder: nothing to tidy, and nothing this process can tidy
+    except (Busy, OSError):  # its holder's to delete; or a read-only shared folder, which no process can tidy
         pass
 
 

@@ -340,7 +340,7 @@ def fetch_dataset(
         raise DataError(f"dataset name {name!r}: expected a BEIR name such as 'scifact' "
                         "(letters, digits, '_', '-', '.')")
     target = Path(target)
-    if (target / DOWNLOAD_RECORD).is_file() or target.exists():  # (a read-only shared folder needs no lock)
+    if target.exists():  # installed, or a folder of the user's (a read-only shared folder needs no lock)
         if (target / DOWNLOAD_RECORD).is_file():
             clear_stale_lock(lock_file(target))  # a holder killed after the dataset was installed
         return _fetch(name, target, source, sums, progress)

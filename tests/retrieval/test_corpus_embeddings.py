@@ -205,7 +205,7 @@ def test_a_holder_killed_after_finishing_leaves_no_lock_behind(tmp_path, tiny):
 
     # A lock somebody holds is theirs: it stays.
     holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from pgrank.atomic import exclusive\n"
+        "import time; from pgrank.atomic import exclusive\n"
         f"with exclusive({str(lock)!r}, what='x'):\n    print('held', flush=True); time.sleep(60)")],
         stdout=subprocess.PIPE, text=True)
     try:
