@@ -163,6 +163,18 @@ def order_keys(scores: np.ndarray, ranks: np.ndarray) -> np.ndarray:
     return (~ascending).astype(np.uint64) << np.uint64(32) | ranks.astype(np.uint64)
 
 
+def from_order_keys(keys: np.ndarray, id_order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The inverse of :func:`order_keys`: the float32 scores and the document rows the keys were made of.
+
+    Args:
+        keys: :func:`order_keys` of some documents.
+        id_order: the corpus' rows sorted by id (row of each id rank).
+    """
+    ascending = ~(keys >> np.uint64(32)).astype(np.uint32)
+    bits = np.where(ascending & _SIGN, ascending & ~_SIGN, ~ascending)
+    return bits.view(np.float32), np.asarray(id_order)[(keys & np.uint64(0xFFFFFFFF)).astype(np.int64)]
+
+
 def top_k(scores: np.ndarray, indices: np.ndarray, ranks: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """The best ``k`` entries of each row, in the deterministic order.
 

@@ -102,7 +102,7 @@ def test_search_is_the_exact_run_order_under_heavy_ties(tmp_path, k):
 
 @pytest.mark.slow
 def test_the_batched_numba_path_equals_the_exact_path(tmp_path, monkeypatch):
-    """bm25s' numba retrieval (about 30 s of JIT compilation), 2k deep, completed exactly: the same runs."""
+    """bm25s' numba retrieval (about 30 s of JIT compilation), search_depth(k) deep, completed exactly: the same runs."""
     store = _store(tmp_path, _tied_corpus(3000))
     index = build_bm25_index(store, Bm25Config(), tmp_path / "bm25")
     queries = index.token_ids(["alpha", "beta gamma", "zeta zeta eta", "nothing", "theta alpha beta"] * 5)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pgrank.data.runs import id_ranks, order_keys, top_k
+from pgrank.data.runs import from_order_keys, id_ranks, order_keys, top_k
 from pgrank.retrieval.dense.exact_search import dense_search, gpu_available
 
 
@@ -36,6 +36,24 @@ def test_order_keys_sort_scores_descending_then_ids_ascending():
     assert order == [0, 1, 8, 2, 3, 4, 5, 6, 7]
     # 0.0 and -0.0 are the same score: only the id decides between them.
     assert order_keys(np.float32([0.0]), np.uint32([1]))[0] > order_keys(np.float32([-0.0]), np.uint32([0]))[0]
+
+
+def test_from_order_keys_gives_back_the_scores_and_rows():
+    rng = np.random.default_rng(0)
+    scores = np.concatenate([rng.normal(size=200), [0.0, -0.0, np.inf, -np.inf, 1e-30, -1e-30]]).astype(np.float32)
+    rows = rng.permutation(len(scores))
+    doc_ids = [f"d{i}" for i in range(len(scores))]
+    ranks = id_ranks(doc_ids)
+    id_order = np.argsort(ranks)
+    back_scores, back_rows = from_order_keys(order_keys(scores, ranks[rows]), id_order)
+    assert back_scores.dtype == np.float32
+    np.testing.assert_array_equal(back_rows, rows)
+    np.testing.assert_array_equal(back_scores, scores)  # -0.0 comes back as 0.0, an equal score
+    keys = np.sort(order_keys(scores, ranks[rows]))  # sorting keys = top_k's order
+    want_s, want_r = top_k(scores[None, :], rows[None, :], ranks, len(scores))
+    got_s, got_r = from_order_keys(keys, id_order)
+    np.testing.assert_array_equal(got_r, want_r[0])
+    np.testing.assert_array_equal(got_s, want_s[0])
 
 
 def test_top_k_breaks_ties_by_document_id():
