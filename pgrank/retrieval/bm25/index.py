@@ -247,7 +247,7 @@ class Bm25Index:
             s, r = from_order_keys(keys[:, :n], self.id_order)
             done = np.asarray(nonempty, dtype=np.int64)[resolved]
             out_s[done], out_r[done] = s, r
-            if self.nonnegative:  # cut at 0: every positive score is in the 2k retrieved, the rest are 0
+            if self.nonnegative:  # cut at 0: every positive score is among those retrieved, the rest are 0
                 zero = np.flatnonzero(~resolved & (cut == 0))
                 for j in zero.tolist():
                     keep = scores[j] > 0
