@@ -181,26 +181,33 @@ def train_cmd(
         Optional[str],
         typer.Option("--warm-start", "-w", help="Model to start from (alias, hub id or folder; default: each of train.warm_starts)."),
     ] = None,
+    objective: Annotated[
+        Optional[str],
+        typer.Option("--objective", "-o", help="Loss: pg | infonce | listnet | listmle | lambdaloss (default: each of train.objectives)."),
+    ] = None,
     device: Annotated[Optional[str], typer.Option("--device", help="cpu, cuda, cuda:1 (default: CUDA when present).")] = None,
 ) -> None:
-    """Train Neural PG-Rank policies from their warm starts (runs data-parallel under torchrun)."""
+    """Train Neural PG-Rank policies (or the other objectives') from their warm starts (data-parallel under torchrun)."""
     from pgrank.training.trainer import train
 
     params = ctx.obj.params()
     paths = ctx.obj.paths(params)
+    if objective is not None and objective not in params.train.objectives:
+        raise PgrankError(f"--objective {objective}: not in train.objectives {params.train.objectives}")
     for name in [warm_start] if warm_start else params.train.warm_starts:
-        result = train(params, paths, name, device=device)
-        first, last = result.history[0], result.history[-1]
-        typer.echo(
-            f"{name}: validation nDCG@10 {first.get('val_ndcg@10', float('nan')):.4f} (epoch 0) -> "
-            f"{last.get('val_ndcg@10', float('nan')):.4f} (epoch {last['epoch']}); model -> {result.final}"
-        )
+        for loss in [objective] if objective else params.train.objectives:
+            result = train(params, paths, name, objective=loss, device=device)
+            first, last = result.history[0], result.history[-1]
+            typer.echo(
+                f"{name} ({loss}): validation nDCG@10 {first.get('val_ndcg@10', float('nan')):.4f} (epoch 0) -> "
+                f"{last.get('val_ndcg@10', float('nan')):.4f} (epoch {last['epoch']}); model -> {result.final}"
+            )
 
 
 @app.command("evaluate")
 def evaluate_cmd(
     ctx: typer.Context,
-    system: Annotated[Optional[list[str]], typer.Option("--system", "-m", help="System(s): evaluate.systems entries or pgrank-<warm start>[@epoch] (default: all).")] = None,
+    system: Annotated[Optional[list[str]], typer.Option("--system", "-m", help="System(s): evaluate.systems entries or pgrank-<warm start>[+objective][@epoch] (default: all).")] = None,
     dataset: Annotated[Optional[list[str]], typer.Option("--dataset", "-d", help="Dataset(s) of data.eval_sets (default: all).")] = None,
 ) -> None:
     """Evaluate systems as second-stage rerankers and first-stage retrievers; write metrics, per-query values and runs."""
@@ -224,7 +231,7 @@ def tables_cmd(ctx: typer.Context) -> None:
     params = ctx.obj.params()
     written = make_tables(params, ctx.obj.paths(params))
     by_name = {path.name: path for path in written}
-    for name in MAIN_TABLES:
+    for name in (*MAIN_TABLES, "objectives"):  # objectives: only with more than one train.objectives entry
         if f"{name}.md" in by_name:
             typer.echo(by_name[f"{name}.md"].read_text(encoding="utf-8"))
     for path in written:

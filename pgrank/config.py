@@ -192,7 +192,7 @@ class PolicyGradientConfig(_Section):
     temperature: PositiveFloat = 0.05
     entropy_coef: NonNegFloat = 0.01
     entropy: Literal["top1", "ranking"] = "top1"
-    kl_coef: NonNegFloat = Field(default=0.0, description="weight of the KL to the warm start's policy (0: the paper)")
+    kl_coef: NonNegFloat = Field(default=0.0, description="weight of the KL to the warm start's policy (0: the paper; objective pg only)")
     kl: Literal["top1", "ranking"] = Field(
         default="top1", description="top1: exact KL of the first-place softmaxes; ranking: sampled KL of the PL rankings")
 
@@ -214,6 +214,10 @@ class SelectionConfig(_Section):
     margin: NonNegFloat = Field(default=0.005, description="guarded: the out-of-domain nDCG@10 loss allowed")
     patience: PositiveInt | None = Field(
         default=None, description="stop after this many epochs without a newly selected one (null: never)")
+
+
+# The training losses (pgrank.core.objectives.OBJECTIVES); pg is the paper's.
+Objective = Literal["pg", "infonce", "listnet", "listmle", "lambdaloss"]
 
 
 class TrainConfig(_Section):
@@ -238,8 +242,13 @@ class TrainConfig(_Section):
         default_factory=list, description="out-of-domain dataset/split sets validated each epoch next to the "
                                           "in-domain carve-out (mined by mine-train)")
     selection: SelectionConfig = SelectionConfig()
-    objective: Literal["pg", "infonce", "listnet", "listmle", "lambdaloss"] = Field(
-        default="pg", description="the loss (pgrank.core.objectives): pg is the paper's policy gradient")
+    objectives: list[Objective] = Field(
+        default_factory=lambda: ["pg"], min_length=1,
+        description="the losses (pgrank.core.objectives), one policy per warm start and objective: pg is the "
+                    "paper's policy gradient (pgrank-<warm>), the others pgrank-<warm>+<objective>")
+    learning_rates: dict[Objective, PositiveFloat] = Field(
+        default_factory=dict, description="per-objective learning rate (tuned on validation); the others use "
+                                          "learning_rate")
     ddp_timeout_minutes: PositiveInt = Field(
         default=120, description="torch.distributed process-group timeout: a validation pass plus saving a checkpoint")
     pg: PolicyGradientConfig = PolicyGradientConfig()
@@ -252,12 +261,16 @@ class TrainConfig(_Section):
             raise ValueError("selection.patience (early stopping) needs selection.rule in_domain or guarded")
         return self
 
-    @model_validator(mode="after")
-    def _kl_needs_pg(self) -> TrainConfig:
-        if self.pg.kl_coef and self.objective != "pg":
-            raise ValueError(f"pg.kl_coef={self.pg.kl_coef}: the KL term is part of the policy gradient; "
-                             f"objective {self.objective!r} does not use it (set it to 0)")
-        return self
+    @field_validator("objectives")
+    @classmethod
+    def _unique_objectives(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError(f"listed more than once: {sorted({o for o in value if value.count(o) > 1})}")
+        return value
+
+    def learning_rate_for(self, objective: str) -> float:
+        """``learning_rates[objective]``, else ``learning_rate``."""
+        return self.learning_rates.get(objective, self.learning_rate)
 
     @field_validator("amp", mode="before")
     @classmethod
@@ -432,6 +445,13 @@ def _consistency(params: Params) -> list[tuple[tuple, str]]:
     for i, name in enumerate(params.train.warm_starts):
         if not name.strip():
             problems.append((("train", "warm_starts", i), "empty model name"))
+        elif "+" in name or "@" in name:
+            problems.append((("train", "warm_starts", i), f"{name!r}: '+' and '@' are reserved for policy names "
+                             "(pgrank-<warm start>+<objective>@<epoch>); add an alias under models.aliases"))
+    for objective in params.train.learning_rates:
+        if objective not in params.train.objectives:
+            problems.append((("train", "learning_rates", objective), f"{objective!r} is not in train.objectives "
+                             f"{params.train.objectives}"))
     systems = params.evaluate.systems
     if not systems.all():
         problems.append((("evaluate", "systems"), "no comparison system; list at least one under bm25, dense or sparse"))
@@ -439,7 +459,8 @@ def _consistency(params: Params) -> list[tuple[tuple, str]]:
         for i, name in enumerate(getattr(systems, kind)):
             if name.startswith("pgrank-") or "@" in name or not name.strip():
                 problems.append((("evaluate", "systems", kind, i), f"{name!r}: list comparison systems here; the "
-                                 "policies pgrank-<warm start> are evaluated for every train.warm_starts entry"))
+                                 "policies pgrank-<warm start>[+objective] are evaluated for every train.warm_starts and "
+                                 "train.objectives entry"))
     for i, warm in enumerate(params.train.warm_starts):
         if warm not in systems.dense:
             problems.append((("train", "warm_starts", i), f"{warm!r} must also be listed under evaluate.systems.dense: "

@@ -18,12 +18,15 @@ Layout (``root`` is per profile; ``data`` and ``embeddings`` may be shared by pr
     {root}/candidates/{dataset}/{split}.trec                             ... and as a TREC run, beside it
     {root}/training-sets/{dataset}/{train-pg,validation}/                candidate stores of the carved splits
     {root}/training-sets/{dataset}/{split}/                              ... and of train.validation_sets
-    {root}/models/{name}/epoch-{e}/                                      sentence-transformers checkpoints
-    {root}/models/{name}/selected/                                       the epoch train.selection chose
-    {root}/models/{name}/state/                                          resumable training state
-    {root}/training/{name}/curve.csv, history.json                       training curves
+    {root}/models/{warm}/{objective}/epoch-{e}/                          sentence-transformers checkpoints
+    {root}/models/{warm}/{objective}/selected/                           the epoch train.selection chose
+    {root}/models/{warm}/{objective}/state/                              resumable training state
+    {root}/training/{warm}/{objective}/curve.csv, history.json           training curves
+    {root}/timings/{warm}/{objective}.json                               training wall time per epoch (not DVC-tracked)
     {root}/results/{system}/{dataset}/[epoch-{e}/]{split}/{stage}/       metrics.json, per_query.json, run.trec
+    {root}/results/pgrank-{warm}/{objective}/{dataset}/...               ... of a trained policy
     {root}/metrics/{system}/{dataset}.json                               every split and stage, for DVC
+    {root}/metrics/pgrank-{warm}/{objective}/{dataset}.json              ... of a trained policy
     {root}/tables/                                                       Markdown, LaTeX, PNG
     {root}/mlflow.db                                                     default MLflow store
 """
@@ -41,6 +44,48 @@ CARVED_TRAIN = "train-pg"
 VALIDATION = "validation"
 CARVED_FILES = {CARVED_TRAIN: "train", VALIDATION: "validation"}
 CARVED_SPLITS = tuple(CARVED_FILES)
+
+
+# A trained policy is named ``pgrank-<warm start>[+<objective>][@<epoch>]``: ``pgrank-sbert`` is Neural
+# PG-Rank from SBERT (objective ``pg``; ``pgrank-sbert+pg`` is the same policy), ``pgrank-sbert+listnet`` the
+# ListNet-trained one on the same candidates, ``@2`` its epoch-2 checkpoint.
+POLICY_PREFIX = "pgrank-"
+DEFAULT_OBJECTIVE = "pg"
+_POLICY = re.compile(r"^pgrank-(?P<warm>.+?)(?:\+(?P<objective>[a-z0-9_]+))?(?:@(?P<epoch>\d+))?$")
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A trained policy's parts: its warm start, its training objective and (if named) an epoch."""
+
+    warm: str
+    objective: str = DEFAULT_OBJECTIVE
+    epoch: int | None = None
+
+    @property
+    def name(self) -> str:
+        """The canonical system name (``pg`` is left out; the epoch kept)."""
+        return policy_name(self.warm, self.objective, self.epoch)
+
+    @property
+    def final(self) -> str:
+        """The policy itself (no epoch)."""
+        return policy_name(self.warm, self.objective)
+
+
+def policy_name(warm: str, objective: str = DEFAULT_OBJECTIVE, epoch: int | None = None) -> str:
+    """``pgrank-<warm>`` for Neural PG-Rank, ``pgrank-<warm>+<objective>`` otherwise, with ``@<epoch>``."""
+    name = POLICY_PREFIX + warm + ("" if objective == DEFAULT_OBJECTIVE else f"+{objective}")
+    return name if epoch is None else f"{name}@{epoch}"
+
+
+def parse_policy(system: str) -> Policy | None:
+    """The parts of a policy name, or ``None`` for a system that is not a trained policy."""
+    found = _POLICY.match(system)
+    if not found:
+        return None
+    epoch = found["epoch"]
+    return Policy(found["warm"], found["objective"] or DEFAULT_OBJECTIVE, None if epoch is None else int(epoch))
 
 
 def slug(name: str) -> str:
@@ -108,34 +153,49 @@ class Paths:
         store = self.candidate_store(dataset, split, training)
         return store.with_name(f"{split}.trec")
 
-    # ---- training
-    def model_dir(self, name: str) -> Path:
-        return self.root / "models" / slug(name)
+    # ---- training (one run per warm start and objective)
+    def model_dir(self, name: str, objective: str = DEFAULT_OBJECTIVE) -> Path:
+        return self.root / "models" / slug(name) / objective
 
-    def checkpoint(self, name: str, epoch: int) -> Path:
-        return self.model_dir(name) / f"epoch-{epoch}"
+    def checkpoint(self, name: str, epoch: int, objective: str = DEFAULT_OBJECTIVE) -> Path:
+        return self.model_dir(name, objective) / f"epoch-{epoch}"
 
-    def selected_checkpoint(self, name: str) -> Path:
-        """The epoch ``train.selection`` chose (rules other than ``last``): the policy ``pgrank-<name>``."""
-        return self.model_dir(name) / "selected"
+    def selected_checkpoint(self, name: str, objective: str = DEFAULT_OBJECTIVE) -> Path:
+        """The epoch ``train.selection`` chose (rules other than ``last``): the policy ``pgrank-<name>[+objective]``."""
+        return self.model_dir(name, objective) / "selected"
 
-    def train_state(self, name: str) -> Path:
-        return self.model_dir(name) / "state"
+    def train_state(self, name: str, objective: str = DEFAULT_OBJECTIVE) -> Path:
+        return self.model_dir(name, objective) / "state"
 
-    def training_log(self, name: str) -> Path:
+    def training_log(self, name: str, objective: str = DEFAULT_OBJECTIVE) -> Path:
         """``curve.csv`` (per step) and ``history.json`` (per epoch): DVC plots, apart from the model."""
-        return self.root / "training" / slug(name)
+        return self.root / "training" / slug(name) / objective
+
+    def timings(self, name: str, objective: str = DEFAULT_OBJECTIVE) -> Path:
+        """Training wall time per epoch. A measurement, not a result: outside every DVC-tracked folder, so
+        that a rerun that reproduces the same model leaves the pipeline's outputs byte-identical."""
+        return self.root / "timings" / slug(name) / f"{objective}.json"
 
     # ---- evaluation and tables
+    def _system_folder(self, top: str, system: str) -> tuple[Path, str]:
+        """``top/<system>`` (a policy: ``top/pgrank-<warm>/<objective>``) and the epoch named, if any."""
+        policy = parse_policy(system)
+        if policy is None:
+            base, _, epoch = system.partition("@")
+            return self.root / top / slug(base), epoch
+        epoch = "" if policy.epoch is None else str(policy.epoch)
+        return self.root / top / slug(POLICY_PREFIX + policy.warm) / policy.objective, epoch
+
     def results(self, system: str, dataset: str, split: str, stage: str) -> Path:
         """Results of ``system`` (``pgrank-X@E``: epoch ``E`` of ``pgrank-X``, kept beside it)."""
-        base, _, epoch = system.partition("@")
-        folder = self.root / "results" / slug(base) / dataset
+        base, epoch = self._system_folder("results", system)
+        folder = base / dataset
         return (folder / f"epoch-{epoch}" if epoch else folder) / split / stage
 
     def metrics_summary(self, system: str, dataset: str) -> Path:
         """One JSON of every split and stage of ``system`` on ``dataset`` (DVC metrics)."""
-        return self.root / "metrics" / slug(system) / f"{dataset}.json"
+        base, _ = self._system_folder("metrics", system)
+        return base / f"{dataset}.json"
 
     @property
     def tables(self) -> Path:

@@ -118,3 +118,18 @@ def test_profile_errors_name_the_profile_file_and_line(tmp_path):
     assert f"{tmp_path / 'profiles' / 'small.yaml'}:5: train.pg.temprature: unknown key" in msg
     msg = str(pytest.raises(ConfigError, load_params, tmp_path / "params.yaml", profile="nope").value)
     assert "no profile 'nope'" in msg and "small" in msg
+
+
+def test_objectives_and_their_learning_rates():
+    p = load_params(PARAMS)
+    assert p.train.objectives == ["pg"] and p.train.learning_rate_for("pg") == 1e-6  # the paper
+    p = load_params(PARAMS, ["train.objectives=[pg, listnet]", "train.learning_rates={listnet: 1.0e-4}"])
+    assert (p.train.learning_rate_for("listnet"), p.train.learning_rate_for("pg")) == (1e-4, 1e-6)
+    msg = str(pytest.raises(ConfigError, load_params, PARAMS, ["train.objectives=[pg, pg]"]).value)
+    assert "train.objectives" in msg and "more than once" in msg
+    msg = str(pytest.raises(ConfigError, load_params, PARAMS, ["train.objectives=[pg, ranknet]"]).value)
+    assert "train.objectives" in msg and "listnet" in msg  # names what it expects
+    msg = str(pytest.raises(ConfigError, load_params, PARAMS, ["train.learning_rates={infonce: 1.0e-4}"]).value)
+    assert "train.learning_rates.infonce" in msg and "not in train.objectives" in msg
+    msg = str(pytest.raises(ConfigError, load_params, PARAMS, ["train.warm_starts=[sbert+x]"]).value)
+    assert "train.warm_starts.0" in msg and "reserved" in msg

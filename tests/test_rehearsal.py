@@ -48,7 +48,7 @@ def test_the_rehearsal_profile_runs_every_stage_at_msmarco_shape(tmp_path, minil
         assert store.pairs == 1000 * r.queries and (r.min_size, r.max_size) == (1000, 1000)
         assert all(store.candidates(i)[1].sum() == 1 for i in range(len(store)))
     plan = {line.stage: line for line in make_plan(params, paths, "rehearsal").lines}
-    assert plan["mine-train"].pairs == 151 * 1000 and plan["train@static"].grad_docs == 16 * 1000
+    assert plan["mine-train"].pairs == 151 * 1000 and plan["train@static-pg"].grad_docs == 16 * 1000
 
     result = train(params, paths, "static", device="cpu", progress=False)
     assert [h["epoch"] for h in result.history] == [0, 1]

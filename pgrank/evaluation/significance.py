@@ -10,28 +10,10 @@ from __future__ import annotations
 import json
 import logging
 
-import numpy as np
-
 from pgrank.config import SignificanceConfig
+from pgrank.core.significance import paired_test
 
 log = logging.getLogger(__name__)
-
-
-def paired_test(a: dict[str, float], b: dict[str, float], test: str) -> float:
-    """Two-sided p-value of a paired test between per-query values of two systems (same queries)."""
-    from scipy import stats
-
-    qids = sorted(set(a) & set(b))
-    x, y = np.array([a[q] for q in qids]), np.array([b[q] for q in qids])
-    if len(qids) < 2 or np.allclose(x, y):
-        return 1.0
-    if test == "student":
-        return float(stats.ttest_rel(x, y).pvalue)
-    if test == "wilcoxon":
-        return float(stats.wilcoxon(x, y).pvalue)
-    result = stats.permutation_test((x, y), lambda u, v: np.mean(u - v), permutation_type="samples",
-                                    n_resamples=9999, random_state=0)  # Fisher's randomization test
-    return float(result.pvalue)
 
 
 def against_baseline(per_query: dict[str, dict[str, float]], baseline_file, baseline: str,

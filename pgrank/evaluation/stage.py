@@ -37,7 +37,8 @@ from pgrank.data.candidate_store import CandidateStore, open_candidates
 from pgrank.data.runs import ranked, write_run
 from pgrank.errors import PgrankError
 from pgrank.evaluation.significance import against_baseline
-from pgrank.evaluation.systems import open_system, warm_start_of
+from pgrank.evaluation.systems import canonical, open_system, warm_start_of
+from pgrank.paths import parse_policy
 from pgrank.paths import Paths
 
 log = logging.getLogger(__name__)
@@ -162,6 +163,7 @@ def evaluate_dataset(params: Params, paths: Paths, system: str, dataset: str) ->
     ``Paths.metrics_summary(system, dataset)``: ``{split: {stage: metrics}}`` plus
     ``{"epoch-E": {split: {"rerank": metrics}}}``.
     """
+    system = canonical(system)
     splits = params.data.eval_sets_by_dataset().get(dataset)
     if not splits:
         raise PgrankError(f"dataset {dataset!r} is not in data.eval_sets ({', '.join(params.data.eval_sets_by_dataset())})")
@@ -181,9 +183,10 @@ def _evaluate_dataset(params: Params, paths: Paths, system: str, dataset: str, s
         for r in evaluate(params, paths, system, f"{dataset}/{split}", params.evaluate.stages, retriever=retriever):
             summary.setdefault(split, {})[r.stage] = r.metrics
             results.append(r)
-    if warm_start_of(system) is not None and "@" not in system and "rerank" in params.evaluate.stages:
+    policy = parse_policy(system)
+    if policy is not None and policy.epoch is None and "rerank" in params.evaluate.stages:
         kept = [e for e in params.evaluate.policy_epochs if e in params.train.keep_epochs and 0 < e < params.train.epochs]
-        trained = [e for e in kept if paths.checkpoint(warm_start_of(system), e).is_dir()]
+        trained = [e for e in kept if paths.checkpoint(policy.warm, e, policy.objective).is_dir()]
         if len(trained) < len(kept):  # train.selection.patience stopped training before these epochs
             log.warning("%s: epochs %s were not trained (early stopping); not evaluated", system,
                         sorted(set(kept) - set(trained)))

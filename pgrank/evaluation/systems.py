@@ -1,7 +1,7 @@
 """Which retriever kind evaluates a system, looked up by name through one dict.
 
 ``evaluate.systems`` lists the comparison systems by kind (``bm25``, ``dense``, ``sparse``); the trained
-policies ``pgrank-<warm start>[@epoch]`` are dense. Each kind is the package
+policies ``pgrank-<warm start>[+objective][@epoch]`` are dense. Each kind is the package
 ``pgrank/retrieval/<kind>``, imported only when a system of that kind is evaluated, so one DVC stage per
 kind (``evaluate-<kind>``) depends on its own code and no other kind's.
 """
@@ -12,7 +12,7 @@ import importlib
 
 from pgrank.config import Params
 from pgrank.errors import PgrankError
-from pgrank.paths import Paths
+from pgrank.paths import Paths, parse_policy, policy_name
 
 # kind -> the module with for_evaluation(params, paths, system, dataset, *, candidates) -> retriever
 KINDS: dict[str, str] = {
@@ -20,19 +20,23 @@ KINDS: dict[str, str] = {
     "dense": "pgrank.retrieval.dense.retriever",
     "sparse": "pgrank.retrieval.sparse.retriever",
 }
-POLICY_PREFIX = "pgrank-"
 
 
 def policy_systems(params: Params) -> list[str]:
-    """The trained policies, one per warm start: ``pgrank-<warm start>``."""
-    return [f"{POLICY_PREFIX}{w}" for w in params.train.warm_starts]
+    """The trained policies, one per warm start and objective: ``pgrank-<warm start>[+objective]``."""
+    return [policy_name(w, o) for w in params.train.warm_starts for o in params.train.objectives]
 
 
 def warm_start_of(system: str) -> str | None:
-    """The warm start of a policy (``pgrank-minilm@2`` -> ``minilm``), else ``None``."""
-    if not system.startswith(POLICY_PREFIX):
-        return None
-    return system[len(POLICY_PREFIX):].partition("@")[0]
+    """The warm start of a policy (``pgrank-minilm+listnet@2`` -> ``minilm``), else ``None``."""
+    policy = parse_policy(system)
+    return None if policy is None else policy.warm
+
+
+def canonical(system: str) -> str:
+    """A policy's canonical name (``pgrank-minilm+pg`` -> ``pgrank-minilm``); other systems unchanged."""
+    policy = parse_policy(system)
+    return system if policy is None else policy.name
 
 
 def kind_of(params: Params, system: str) -> str:
@@ -41,13 +45,17 @@ def kind_of(params: Params, system: str) -> str:
     Raises:
         PgrankError: the name is neither a policy nor listed under ``evaluate.systems``.
     """
-    if system.startswith(POLICY_PREFIX):
+    policy = parse_policy(system)
+    if policy is not None:
+        if policy.objective not in params.train.objectives:
+            raise PgrankError(f"system {system!r}: objective {policy.objective!r} is not in train.objectives "
+                              f"{params.train.objectives}")
         return "dense"
     kind = params.evaluate.systems.kind(system)
     if kind is None:
         raise PgrankError(f"system {system!r} is not listed under evaluate.systems (bm25: "
                           f"{params.evaluate.systems.bm25}, dense: {params.evaluate.systems.dense}, sparse: "
-                          f"{params.evaluate.systems.sparse}) and is not a policy pgrank-<warm start>")
+                          f"{params.evaluate.systems.sparse}) and is not a policy pgrank-<warm start>[+objective]")
     return kind
 
 

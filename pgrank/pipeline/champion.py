@@ -8,7 +8,7 @@ registered (the challengers) and the champion *side by side on one fixed gate se
 
 :func:`decide` is the rule, a pure function of per-query values: the best challenger on
 ``champion.metric`` is promoted only if its mean over the gate queries beats the champion's by more
-than ``champion.min_gain`` and a paired ``champion.test`` (:func:`pgrank.evaluation.significance.paired_test`)
+than ``champion.min_gain`` and a paired ``champion.test`` (:func:`pgrank.core.significance.paired_test`)
 gives ``p < champion.alpha`` (``alpha: null``: no significance required). The first challenger is
 promoted when there is no champion yet. :func:`apply` moves the alias and tags the challenger's
 version with the decision; :func:`log_decision` records the decision and its table (champion vs
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from pgrank.config import ChampionConfig
-from pgrank.evaluation.significance import paired_test
+from pgrank.core.significance import paired_test
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient

@@ -39,7 +39,7 @@ import numpy as np
 from pgrank.config import Params
 from pgrank.data.catalogue import BEIR_SIZES
 from pgrank.errors import PgrankError
-from pgrank.paths import CARVED_TRAIN, VALIDATION, Paths
+from pgrank.paths import CARVED_TRAIN, VALIDATION, Paths, policy_name
 
 # What a model is, for artifact sizes without loading it: embedding dimension, parameters.
 MODEL_FACTS: dict[str, tuple[int, int]] = {
@@ -166,23 +166,24 @@ def make_plan(params: Params, paths: Paths, profile: str = "paper") -> Plan:
     for dataset, splits in eval_sets.items():
         mine_line(f"mine@{dataset}", dataset, splits)
 
-    # ---- training, one policy per warm start
+    # ---- training, one policy per warm start and objective
     cfg = params.train
     train_queries = _queries(sizes[train_dataset], train_dataset, CARVED_TRAIN, params)
     validation = _queries(sizes[train_dataset], train_dataset, VALIDATION, params) + sum(
         _queries(sizes[d], d, split, params) for d, split in held_out)
-    for warm in cfg.warm_starts:
+    for warm, objective in [(w, o) for w in cfg.warm_starts for o in cfg.objectives]:
         _, _, size = _facts(params, warm)
+        samples = cfg.pg.num_samples if objective == "pg" else 0  # the other losses sample no rankings
         kept = len(set(cfg.keep_epochs) | {cfg.epochs}) * (2 if cfg.tower == "query" else 1)
         checkpoints = kept * size * 4 if size else None
         per_epoch = cfg.queries_per_epoch or train_queries
         readings = [("train", per_epoch, "")]
-        if cfg.queries_per_epoch is None:
+        if cfg.queries_per_epoch is None and objective == "pg":
             other = min(cfg.pg.num_samples, train_queries)
             readings.append(("  (other reading)", other, f"train.queries_per_epoch={other}"))
         for label, queries, note in readings:
-            line = Line(f"train@{warm}" if label == "train" else label, warm,
-                        rankings=queries * cfg.pg.num_samples * cfg.epochs,
+            line = Line(f"train@{warm}-{objective}" if label == "train" else label, warm,
+                        rankings=queries * samples * cfg.epochs,
                         pairs=queries * C * cfg.epochs, note=note)
             val_queries = validation * (cfg.epochs + 1)
             line.grad_queries, line.queries = queries * cfg.epochs, val_queries
@@ -213,14 +214,14 @@ def make_plan(params: Params, paths: Paths, profile: str = "paper") -> Plan:
         for system in ev.systems.sparse:
             add(Line(f"evaluate-sparse@{system}-{dataset}", system, docs=n, queries=queries, pairs=rerank, disk=None,
                      note="corpus matrix: ? bytes"))
-        for warm in cfg.warm_starts:
+        for warm, objective in [(w, o) for w in cfg.warm_starts for o in cfg.objectives]:
             if cfg.tower == "query":
                 docs, emb, note = artifact(warm, ev.max_seq_length, dataset) if full else (0, 0, "")
             else:
                 docs, emb, note = (n, None if _facts(params, warm)[1] is None else n * _facts(params, warm)[1] * 2, "")
             kept = [e for e in ev.policy_epochs if e in cfg.keep_epochs and 0 < e < cfg.epochs]
             subset = 0 if cfg.tower == "query" else len(kept) * min(n, rerank)  # rerank-only: candidates alone
-            add(Line(f"evaluate-policy@{warm}-{dataset}", f"pgrank-{warm}", docs=docs + subset,
+            add(Line(f"evaluate-policy@{warm}-{objective}-{dataset}", policy_name(warm, objective), docs=docs + subset,
                      queries=queries * (1 + len(kept)), pairs=rerank * (1 + len(kept)),
                      disk=None if emb is None else emb + results * 2,
                      note=(note + (f"; epochs {kept}: rerank only" if kept else "")).strip("; "), encode_model=warm))

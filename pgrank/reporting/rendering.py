@@ -21,8 +21,9 @@ Example:
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
+
+from pgrank.paths import parse_policy
 
 DASH = "—"
 GAIN = "▲"
@@ -38,7 +39,9 @@ DATASET_NAMES = {
 }
 EVAL_SET_NAMES = {"msmarco/test": "TREC-DL 2019"}
 SYSTEM_NAMES = {"bm25": "BM25", "sbert": "SBERT", "tas-b": "TAS-B", "splade-v2": "SPLADEv2"}
-_PGRANK = re.compile(r"^pgrank-(?P<warm>.+?)(?:@(?P<epoch>\d+))?$")
+# Training objectives (train.objectives) by display name; pg is the paper's.
+OBJECTIVE_NAMES = {"pg": "PG-Rank", "infonce": "InfoNCE", "listnet": "ListNet", "listmle": "ListMLE",
+                   "lambdaloss": "LambdaLoss"}
 
 
 # --------------------------------------------------------------------------------------- model
@@ -91,18 +94,20 @@ class Table:
 
 
 def warm_start(system: str) -> str | None:
-    """``sbert`` for ``pgrank-sbert`` and ``pgrank-sbert@2``; None for a system that is not PG-Rank."""
-    match = _PGRANK.match(system)
-    return match["warm"] if match else None
+    """``sbert`` for ``pgrank-sbert``, ``pgrank-sbert@2`` and ``pgrank-sbert+listnet``; None for a system that
+    is not a trained policy."""
+    policy = parse_policy(system)
+    return policy.warm if policy else None
 
 
 def system_name(system: str) -> str:
-    """Display name: ``tas-b`` -> "TAS-B", ``pgrank-sbert@2`` -> "PG-Rank with SBERT (epoch 2)"."""
-    match = _PGRANK.match(system)
-    if match is None:
+    """Display name: ``tas-b`` -> "TAS-B", ``pgrank-sbert@2`` -> "PG-Rank with SBERT (epoch 2)",
+    ``pgrank-sbert+listnet`` -> "ListNet with SBERT"."""
+    policy = parse_policy(system)
+    if policy is None:
         return SYSTEM_NAMES.get(system, system)
-    epoch = f" (epoch {match['epoch']})" if match["epoch"] else ""
-    return f"PG-Rank with {system_name(match['warm'])}{epoch}"
+    epoch = f" (epoch {policy.epoch})" if policy.epoch is not None else ""
+    return f"{OBJECTIVE_NAMES.get(policy.objective, policy.objective)} with {system_name(policy.warm)}{epoch}"
 
 
 def eval_set_name(eval_set: str) -> str:

@@ -25,7 +25,8 @@ Outputs, written together into ``Paths.tables`` (the folder is swapped in whole,
 survives), as ``tables.formats`` asks: ``{table}.md`` and ``{table}.tex`` for each of
 :data:`TABLE_NAMES`, ``tables.md`` (all Markdown tables and the figures), ``tables.tex`` (a standalone
 document that inputs the fragments), ``bars-{stage}.png`` (nDCG@10 reproduced vs. paper per eval set)
-and ``curve-{warm start}.png`` (training curves). No timestamps or absolute paths: DVC caches them.
+and ``curve-{warm start}[-objective].png`` (training curves); with more than one ``train.objectives``,
+also ``objectives.md``/``.tex`` (:mod:`pgrank.reporting.comparison`). No timestamps or absolute paths: DVC caches them.
 
 Example:
     >>> make_tables(params, paths)  # doctest: +SKIP
@@ -40,7 +41,8 @@ from pathlib import Path
 from pgrank import tracking
 from pgrank.atomic import atomic_path
 from pgrank.config import Params
-from pgrank.paths import Paths, slug
+from pgrank.paths import Paths, policy_name, slug
+from pgrank.reporting.comparison import comparison_table
 from pgrank.reporting.rendering import (
     Cell,
     Column,
@@ -121,8 +123,9 @@ def domains(params: Params) -> tuple[list[str], list[str]]:
 
 
 def table_systems(params: Params) -> list[str]:
-    """The columns of the score tables: the comparison systems, then one policy per warm start."""
-    return list(dict.fromkeys([*params.evaluate.systems.all(), *(f"pgrank-{w}" for w in params.train.warm_starts)]))
+    """The columns of the score tables: the comparison systems, then one policy per warm start and objective."""
+    policies = [policy_name(w, o) for w in params.train.warm_starts for o in params.train.objectives]
+    return list(dict.fromkeys([*params.evaluate.systems.all(), *policies]))
 
 
 def ablation_epochs(params: Params) -> list[int]:
@@ -131,10 +134,10 @@ def ablation_epochs(params: Params) -> list[int]:
 
 
 def epoch_system(warm: str, epoch: int, params: Params) -> str:
-    """The system id of ``warm``'s policy after ``epoch`` epochs (0: the warm start itself)."""
+    """The system id of ``warm``'s PG-Rank policy after ``epoch`` epochs (0: the warm start itself)."""
     if epoch == 0:
         return warm
-    return f"pgrank-{warm}" if epoch == params.train.epochs else f"pgrank-{warm}@{epoch}"
+    return policy_name(warm) if epoch == params.train.epochs else policy_name(warm, epoch=epoch)
 
 
 def needed_systems(params: Params) -> list[str]:
@@ -299,6 +302,11 @@ def build_tables(params: Params, results: Results, statistics: dict[str, Dataset
     return [built[name] for name in TABLE_NAMES]
 
 
+def table_names(params: Params) -> tuple[str, ...]:
+    """:data:`TABLE_NAMES`, and ``objectives`` when ``train.objectives`` lists more than one loss."""
+    return TABLE_NAMES + (("objectives",) if len(params.train.objectives) > 1 else ())
+
+
 # --------------------------------------------------------------------------------------- stage
 
 
@@ -337,6 +345,8 @@ def make_tables(params: Params, paths: Paths) -> list[Path]:
     published = load_published()
     results = collect_results(paths, needed_systems(params), list(params.data.eval_sets))
     tables = build_tables(params, results, collect_statistics(params, paths), published)
+    if "objectives" in table_names(params):
+        tables.append(comparison_table(params, paths))
     formats = params.tables.formats
     texts: dict[str, str] = {}
     if "tex" in formats:
@@ -349,11 +359,14 @@ def make_tables(params: Params, paths: Paths) -> list[Path]:
         for stage in params.evaluate.stages:
             figures[f"bars-{stage}.png"] = (plots.bar_chart, bar_series(params, results, published, stage))
         for warm in params.train.warm_starts:
-            folder = paths.training_log(warm)
-            curve, history = read_curve(folder / "curve.csv"), read_history(folder / "history.json")
-            if curve or history:
-                figures[f"curve-{slug(warm)}.png"] = (plots.curve_chart, {
-                    "title": f"Training of {system_name('pgrank-' + warm)}", "curve": curve, "history": history})
+            for objective in params.train.objectives:
+                folder = paths.training_log(warm, objective)
+                curve, history = read_curve(folder / "curve.csv"), read_history(folder / "history.json")
+                suffix = "" if objective == "pg" else f"-{objective}"
+                if curve or history:
+                    figures[f"curve-{slug(warm)}{suffix}.png"] = (plots.curve_chart, {
+                        "title": f"Training of {system_name(policy_name(warm, objective))}", "curve": curve,
+                        "history": history})
     if "md" in formats:
         md = {f"{t.name}.md": markdown(t) for t in tables}
         texts.update(md)

@@ -82,7 +82,8 @@ class TrainResult:
 
 
 def accumulate_gradients(model, batch: Batch, params: Params, *, epoch: int, frozen: FrozenDocuments | None,
-                         corpus=None, forward=None, no_sync=None, reference: ReferencePolicy | None = None) -> StepStats:
+                         corpus=None, forward=None, no_sync=None, reference: ReferencePolicy | None = None,
+                         objective: str = "pg") -> StepStats:
     """Forward and backward of one (local) batch; leaves the gradients in ``model``'s parameters.
 
     Args:
@@ -93,8 +94,8 @@ def accumulate_gradients(model, batch: Batch, params: Params, *, epoch: int, fro
         no_sync: DDP's ``no_sync`` factory; all but the last backward then accumulate locally.
         reference: the frozen warm start, for ``train.pg.kl_coef > 0`` (:mod:`pgrank.training.reference`).
 
-    The loss is ``train.objective``'s (:data:`pgrank.core.objectives.OBJECTIVES`): the paper's policy
-    gradient, or one of the standard losses on the same candidates with the same temperature.
+    The loss is ``objective``'s (:data:`pgrank.core.objectives.OBJECTIVES`, one of ``train.objectives``): the
+    paper's policy gradient, or one of the standard losses on the same candidates with the same temperature.
     """
     cfg = params.train
     device = batch.relevance.device
@@ -111,14 +112,14 @@ def accumulate_gradients(model, batch: Batch, params: Params, *, epoch: int, fro
                                          max_length=cfg.max_doc_length, **enc)
         scores = candidate_scores(q, docs, batch.index, cfg.similarity)
         pg = cfg.pg
-        if cfg.objective == "pg":
+        if objective == "pg":
             ref_scores = reference.scores(batch, frozen=frozen, corpus=corpus) if pg.kl_coef else None
             knobs = dict(num_samples=pg.num_samples, utility=pg.utility, estimator=pg.estimator, baseline=pg.baseline,
                          entropy_coef=pg.entropy_coef, entropy=pg.entropy, reference_scores=ref_scores,
                          kl_coef=pg.kl_coef, kl=pg.kl)
         else:
             knobs = {}
-        out = OBJECTIVES[cfg.objective](scores, batch.relevance, batch.mask, temperature=pg.temperature,
+        out = OBJECTIVES[objective](scores, batch.relevance, batch.mask, temperature=pg.temperature,
                                         generator=gens, **knobs)
         if not torch.isfinite(out.loss):
             raise TrainingError(f"epoch {epoch}: the loss is {out.loss.item()} (queries {[e.qid for e in batch.examples][:5]})")
@@ -132,8 +133,10 @@ def accumulate_gradients(model, batch: Batch, params: Params, *, epoch: int, fro
 # --------------------------------------------------------------------------------------- the stage
 
 
-def _fingerprint(params: Params, warm_key: str) -> str:
-    train = params.train.model_dump(mode="json", exclude={"ddp_timeout_minutes"})  # how long to wait changes no result
+def _fingerprint(params: Params, warm_key: str, objective: str) -> str:
+    # How long to wait changes no result, nor do the other objectives' runs.
+    train = params.train.model_dump(mode="json", exclude={"ddp_timeout_minutes", "objectives", "learning_rates"})
+    train.update(objective=objective, learning_rate=params.train.learning_rate_for(objective))
     blob = json.dumps({"train": train, "data": params.data.train,
                        "validation": [params.data.validation_size, params.data.validation_seed],
                        "warm_start": warm_key}, sort_keys=True)
@@ -151,12 +154,15 @@ def _policy_model(ref, doc_ref, params: Params, dev):
     return model
 
 
-def train(params: Params, paths: Paths, warm_start: str, *, device: str | None = None, progress: bool = True) -> TrainResult:
-    """Train Neural PG-Rank from ``warm_start`` (an alias, hub id or folder) on ``data.train``.
+def train(params: Params, paths: Paths, warm_start: str, *, objective: str = "pg", device: str | None = None,
+          progress: bool = True) -> TrainResult:
+    """Train Neural PG-Rank (``objective`` pg; or another loss of ``train.objectives``) from ``warm_start`` (an
+    alias, hub id or folder) on ``data.train``, with ``train.learning_rates[objective]`` if set.
 
-    Writes ``Paths.checkpoint(warm_start, e)`` for every kept epoch (and the last), and under
-    ``Paths.training_log(warm_start)`` ``history.json`` (per-epoch validation metrics) and
-    ``curve.csv`` (per-step loss, utility, gradient norm, entropy).
+    Writes ``Paths.checkpoint(warm_start, e, objective)`` for every kept epoch (and the last), under
+    ``Paths.training_log(warm_start, objective)`` ``history.json`` (per-epoch validation metrics) and
+    ``curve.csv`` (per-step loss, utility, gradient norm, entropy), and the wall time of each epoch's
+    updates to ``Paths.timings(warm_start, objective)``.
 
     Raises:
         TrainingError: missing candidates, or a non-finite loss or gradient (the last good
@@ -167,13 +173,17 @@ def train(params: Params, paths: Paths, warm_start: str, *, device: str | None =
     from pgrank.models.hub import load_encoder, resolve_model
 
     cfg = params.train
+    if objective not in OBJECTIVES:
+        raise PgrankError(f"objective {objective!r}: expected one of {', '.join(OBJECTIVES)}")
+    learning_rate = cfg.learning_rate_for(objective)
     dataset = params.data.train.split("/")[0]
     world, dev = distributed.setup(device, timeout_minutes=cfg.ddp_timeout_minutes)
     ref = resolve_model(warm_start, params.models)
     # A tower:query checkpoint as the warm start (continual training): its query route trains, its documents stay.
     doc_ref = (checkpoints.document_encoder(ref, params.models) if cfg.tower == "query" else None) or ref
-    model_dir, state_dir = paths.model_dir(warm_start), paths.train_state(warm_start)
-    fingerprint = _fingerprint(params, ref.key)
+    model_dir, state_dir = paths.model_dir(warm_start, objective), paths.train_state(warm_start, objective)
+    log_dir, timings = paths.training_log(warm_start, objective), paths.timings(warm_start, objective)
+    fingerprint = _fingerprint(params, ref.key, objective)
 
     # Every rank memory-maps the same corpus and candidate stores: nothing of either is a private copy.
     corpus = open_corpus(paths, dataset, progress=progress and world.is_main)
@@ -184,7 +194,7 @@ def train(params: Params, paths: Paths, warm_start: str, *, device: str | None =
     ood = [out_of_domain_set(params, paths, name, doc_ref) for name in cfg.validation_sets]
 
     reference = None
-    if cfg.objective == "pg" and cfg.pg.kl_coef:  # loaded before seeding: the run's random stream stays the same
+    if objective == "pg" and cfg.pg.kl_coef:  # loaded before seeding: the run's random stream stays the same
         reference = ReferencePolicy(_policy_model(ref, doc_ref, params, dev), cfg)
 
     random.seed(cfg.seed)
@@ -196,7 +206,7 @@ def train(params: Params, paths: Paths, warm_start: str, *, device: str | None =
     if unused:
         log.info("not training %d parameters the embeddings do not use: %s", len(unused), ", ".join(unused[:4]))
     trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+    optimizer = torch.optim.AdamW(trainable, lr=learning_rate, weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: min(1.0, (step + 1) / cfg.warmup_steps) if cfg.warmup_steps else 1.0)
 
@@ -214,7 +224,7 @@ def train(params: Params, paths: Paths, warm_start: str, *, device: str | None =
     else:
         state = checkpoints.TrainerState(epoch=0, step=0, fingerprint=fingerprint)
         if world.is_main:
-            (paths.training_log(warm_start) / "curve.csv").unlink(missing_ok=True)  # a fresh run starts a fresh curve
+            (log_dir / "curve.csv").unlink(missing_ok=True)  # a fresh run starts a fresh curve
     if world.is_main:
         # The output (DVC `persist`, so that a killed run resumes) holds only this configuration's work.
         stale = checkpoints.prune(model_dir, fingerprint, state.epoch)
@@ -230,7 +240,7 @@ def train(params: Params, paths: Paths, warm_start: str, *, device: str | None =
 
     def write_checkpoint(folder: Path, epoch: int, **extra) -> None:
         """The model as a sentence-transformers checkpoint (``tower: query``: with the frozen document side)."""
-        meta = {"warm_start": warm_start, "warm_start_model": ref.key, "tower": cfg.tower, "epoch": epoch,
+        meta = {"warm_start": warm_start, "warm_start_model": ref.key, "objective": objective, "tower": cfg.tower, "epoch": epoch,
                 "similarity": cfg.similarity, "fingerprint": fingerprint, **extra,
                 "document_encoder": doc_ref.key if cfg.tower == "query" else None}
         doc_model = None
@@ -243,21 +253,23 @@ def train(params: Params, paths: Paths, warm_start: str, *, device: str | None =
 
     def save(epoch: int) -> None:
         if world.is_main and (epoch in cfg.keep_epochs or epoch == cfg.epochs):
-            write_checkpoint(paths.checkpoint(warm_start, epoch), epoch)
+            write_checkpoint(paths.checkpoint(warm_start, epoch, objective), epoch)
 
     def keep_selected(epoch: int) -> None:
         """Under a selection rule, the epoch just validated becomes ``selected/`` when the rule picks it."""
         if not world.is_main or cfg.selection.rule == "last":
             return
         if selection.select_epoch(state.history, cfg.validation_sets, cfg.selection) == epoch:
-            write_checkpoint(paths.selected_checkpoint(warm_start), epoch, selected_by=cfg.selection.rule)
+            write_checkpoint(paths.selected_checkpoint(warm_start, objective), epoch, selected_by=cfg.selection.rule)
 
     run_params = {"train": params.train.model_dump(mode="json"), "data.train": params.data.train, "warm_start": ref.key,
+                  "objective": objective, "learning_rate": learning_rate,
                   **({"document_encoder": doc_ref.key} if cfg.tower == "query" else {})}
     # A resumed run links the run that saved the state it continues (killed runs are marked KILLED).
     resumed = {"pgrank.resumed_from": state.mlflow_run_id} if state.epoch and state.mlflow_run_id else {}
-    with tracking.stage_run(params, paths, f"train-{warm_start}", log_params=run_params,
-                            tags={"stage": "train", "warm_start": warm_start, **resumed},
+    run_name = f"train-{warm_start}" + ("" if objective == "pg" else f"-{objective}")
+    with tracking.stage_run(params, paths, run_name, log_params=run_params,
+                            tags={"stage": "train", "warm_start": warm_start, "objective": objective, **resumed},
                             enabled=world.is_main and params.tracking.enabled, resources=True) as run:
         def validated() -> dict[str, float]:
             """In-domain (``val_<metric>``) and out-of-domain (``val_<set>_<metric>``) validation metrics."""
@@ -284,11 +296,13 @@ def train(params: Params, paths: Paths, warm_start: str, *, device: str | None =
             batches = [order[i : i + cfg.batch_size] for i in range(0, len(order), cfg.batch_size)]
             bar = tqdm(batches, desc=f"epoch {epoch}/{cfg.epochs}", disable=not (progress and world.is_main), unit="batch")
             sums = {"loss": 0.0, "utility": 0.0}
+            epoch_started = time.perf_counter()
             for batch_ids in bar:
                 started = time.perf_counter()
                 local = train_examples.examples(distributed.shard(batch_ids, world))
                 stats = accumulate_gradients(model, make_batch(local, dev), params, epoch=epoch, frozen=frozen,
-                                             corpus=corpus, forward=forward, no_sync=no_sync, reference=reference)
+                                             corpus=corpus, forward=forward, no_sync=no_sync, reference=reference,
+                                             objective=objective)
                 norm = torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip or math.inf)
                 if not torch.isfinite(norm):
                     raise TrainingError(
@@ -313,10 +327,12 @@ def train(params: Params, paths: Paths, warm_start: str, *, device: str | None =
                 rate = len(batch_ids) / max(time.perf_counter() - started, 1e-9)
                 bar.set_postfix(loss=f"{loss:.4f}", utility=f"{utility:.4f}", q_s=f"{rate:.1f}",
                                 rankings_s=f"{rate * cfg.pg.num_samples:.0f}")
+            seconds = time.perf_counter() - epoch_started  # the updates alone: validation is the same for every loss
             row = {"epoch": epoch, "train_loss": sums["loss"] / len(batches), "train_utility": sums["utility"] / len(batches),
                    **validated()}
             state.history.append(row)
-            tracking.log_metrics(run, {k: v for k, v in row.items() if k != "epoch"}, step=state.step)
+            tracking.log_metrics(run, {**{k: v for k, v in row.items() if k != "epoch"}, "epoch_seconds": seconds},
+                                 step=state.step)
             if world.is_main:
                 log.info("epoch %d: %s", epoch, ", ".join(f"{k}={v:.4f}" for k, v in row.items() if k != "epoch"))
                 save(epoch)
@@ -327,13 +343,14 @@ def train(params: Params, paths: Paths, warm_start: str, *, device: str | None =
                 state.mlflow_run_id = run.info.run_id if run is not None else None
                 state.curve += curve  # the state holds the whole curve: DVC deletes curve.csv before a rerun
                 curve = []
-                _write_curve(paths.training_log(warm_start) / "curve.csv", state.curve)
+                _write_curve(log_dir / "curve.csv", state.curve)
+                _record_time(timings, epoch, seconds, world.size, dev)
                 checkpoints.save_state(state_dir, model, state)
             distributed.barrier(world)
 
-        final = paths.checkpoint(warm_start, cfg.epochs)
+        final = paths.checkpoint(warm_start, cfg.epochs, objective)
         if cfg.selection.rule != "last":
-            final = paths.selected_checkpoint(warm_start)
+            final = paths.selected_checkpoint(warm_start, objective)
             chosen = selection.summary(state.history, cfg.validation_sets, cfg.selection)
             log.info("selected epoch %s by rule %s: %s", chosen["epoch"], cfg.selection.rule,
                      ", ".join(f"{k}={v:+.4f}" if k.endswith("gain") else f"{k}={v}" for k, v in chosen.items()))
@@ -344,10 +361,10 @@ def train(params: Params, paths: Paths, warm_start: str, *, device: str | None =
                 mlflow.set_tags({"pgrank.selection.rule": cfg.selection.rule, "pgrank.selection.epoch": chosen["epoch"]})
         version = None
         if world.is_main:
-            _write_curve(paths.training_log(warm_start) / "curve.csv", state.curve)  # also when resumed at the end
-            write_json(paths.training_log(warm_start) / "history.json", state.history)
+            _write_curve(log_dir / "curve.csv", state.curve)  # also when resumed at the end
+            write_json(log_dir / "history.json", state.history)
             if run is not None:
-                tracking.log_artifact(run, str(paths.training_log(warm_start) / "history.json"))
+                tracking.log_artifact(run, str(log_dir / "history.json"))
                 from sentence_transformers import SentenceTransformer
 
                 version = tracking.log_model(run, SentenceTransformer(str(final), device="cpu"),
@@ -355,6 +372,18 @@ def train(params: Params, paths: Paths, warm_start: str, *, device: str | None =
             checkpoints.remove(state_dir)
     distributed.teardown(world)
     return TrainResult(model_dir, final, state.history, version)
+
+
+def _record_time(path: Path, epoch: int, seconds: float, processes: int, device) -> None:
+    """Add one epoch's wall time to ``Paths.timings`` (a resumed run keeps the epochs measured before)."""
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        record = {}
+    epochs = {k: v for k, v in record.get("epoch_seconds", {}).items() if int(k) < epoch}
+    epochs[str(epoch)] = round(seconds, 3)
+    write_json(path, {"epoch_seconds": epochs, "processes": processes, "device": str(device),
+                      "threads": torch.get_num_threads()})
 
 
 def _write_curve(path: Path, points: list[dict]) -> None:

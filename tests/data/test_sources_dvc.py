@@ -27,9 +27,9 @@ from shrunk import project_copy, shrunk_overrides, sliced_scifact_mirror
 from toy_project import write_dataset
 
 # Stages downstream of each dataset, in the whole pipeline; the `mining` scale keeps those it reproduces.
-ACME_STAGES = {"mine-train", "mine@acme", "train@minilm", "evaluate-bm25@bm25-acme", "evaluate-dense@minilm-acme",
-               "evaluate-policy@minilm-acme", "evaluate-policy@minilm-toy"}  # the policy is retrained on acme
-TOY_STAGES = {"mine@toy", "evaluate-bm25@bm25-toy", "evaluate-dense@minilm-toy", "evaluate-policy@minilm-toy"}
+ACME_STAGES = {"mine-train", "mine@acme", "train@minilm-pg", "evaluate-bm25@bm25-acme", "evaluate-dense@minilm-acme",
+               "evaluate-policy@minilm-pg-acme", "evaluate-policy@minilm-pg-toy"}  # the policy is retrained on acme
+TOY_STAGES = {"mine@toy", "evaluate-bm25@bm25-toy", "evaluate-dense@minilm-toy", "evaluate-policy@minilm-pg-toy"}
 SCALES = {"mining": ["download", "mine-train", "mine@acme", "mine@toy"], "pipeline": []}
 
 

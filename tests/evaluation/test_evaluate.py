@@ -13,7 +13,7 @@ from toy_project import make_project
 
 from pgrank.config import parse_params
 from pgrank.core.trec_eval import evaluate_run
-from pgrank.evaluation.significance import paired_test
+from pgrank.core.significance import paired_test
 from pgrank.evaluation.stage import evaluate
 from pgrank.paths import Paths
 

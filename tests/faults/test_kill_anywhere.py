@@ -150,7 +150,7 @@ def _fast_moments(ref: Reference) -> list[tuple[str, Moment]]:
     plan = [
         ("download", at_point(traces["download"], rng, "extract.chunk", label="mid-extract")),
         ("mine-train", at_point(traces["mine-train"], rng, "atomic.renamed", r"^shard-0000[0-2]", "mid-encode")),
-        ("train@minilm", Moment("output", (r"epoch 2/2", rng.randint(1, 3)), "mid-epoch 2")),
+        ("train@minilm-pg", Moment("output", (r"epoch 2/2", rng.randint(1, 3)), "mid-epoch 2")),
         ("evaluate-bm25@bm25-scifact", at_point(traces["evaluate-bm25@bm25-scifact"], rng, "run.query",
                                                 label="mid-write of a run")),
         ("tables", at_point(traces["tables"], rng, "atomic.written", "^tables$", "tables written, not yet renamed")),

@@ -90,8 +90,8 @@ def test_schedule_rejects_a_bad_cron_string_and_a_missing_server():
 def test_stages_that_run_a_model_are_tagged_and_bounded_and_the_others_are_not():
     from flows.pipeline import DEFAULT_MAX_WORKERS, DEVICE_TAG, pgrank_pipeline
 
-    for stage in ("mine-train", "mine@scifact", "train@minilm", "evaluate-dense@minilm-scifact",
-                  "evaluate-sparse@splade-v2-nfcorpus", "evaluate-policy@minilm-scifact"):
+    for stage in ("mine-train", "mine@scifact", "train@minilm-pg", "evaluate-dense@minilm-scifact",
+                  "evaluate-sparse@splade-v2-nfcorpus", "evaluate-policy@minilm-pg-scifact"):
         assert stage_task(stage).tags == {DEVICE_TAG}, stage
     for stage in ("download", "evaluate-bm25@bm25-scifact", "tables"):
         assert stage_task(stage).tags == set(), stage

@@ -260,7 +260,7 @@ def test_each_task_runs_only_after_its_upstream_stages_finished(worker_run):
             checked += 1
     assert checked >= 10
     # Submitted at once, so a task exists (Pending) while its upstream stages run; it starts only after them.
-    train, mine = tasks["train@minilm"], tasks["mine-train"]
+    train, mine = tasks["train@minilm-pg"], tasks["mine-train"]
     assert train.created < mine.end_time <= train.start_time  # its bar begins when its own stage does
 
 

@@ -83,8 +83,8 @@ def test_the_readme_demo_line_runs_verbatim_from_a_fresh_clone(demo_run):
                                capture_output=True, text=True).stdout.strip()
     assert installed == str(clone / "cli.py")
     stages = set(_dvc(["stage", "list", "--name-only"], ws).split())
-    assert stages == {"download", "mine-train", "mine@scifact", "train@minilm", "evaluate-bm25@bm25-scifact",
-                      "evaluate-dense@minilm-scifact", "evaluate-policy@minilm-scifact", "tables"}
+    assert stages == {"download", "mine-train", "mine@scifact", "train@minilm-pg", "evaluate-bm25@bm25-scifact",
+                      "evaluate-dense@minilm-scifact", "evaluate-policy@minilm-pg-scifact", "tables"}
     assert "Second-stage reranking: nDCG@10, in-domain" in out.stdout and "PG-Rank with" in out.stdout
     assert "mlflow ui --backend-store-uri sqlite:///" in out.stdout and "prefect server start" in out.stdout
     for name in ["rerank-in-domain.md", "full-in-domain.tex", "bars-rerank.png", "tables.md"]:
@@ -159,11 +159,11 @@ def test_editing_code_reruns_exactly_the_stages_that_run_it(demo_run, module):
         edited.write_bytes(original)
     assert changed == expected
     assert {"pgrank/retrieval/bm25/index.py": {"evaluate-bm25@bm25-scifact"},
-            "pgrank/training/trainer.py": {"train@minilm"},
+            "pgrank/training/trainer.py": {"train@minilm-pg"},
             "pgrank/pipeline/champion.py": set()}.get(module, changed) == changed
     if module.endswith("corpus_embeddings.py"):
-        assert changed == {"mine-train", "mine@scifact", "train@minilm", "evaluate-dense@minilm-scifact",
-                           "evaluate-policy@minilm-scifact"}
+        assert changed == {"mine-train", "mine@scifact", "train@minilm-pg", "evaluate-dense@minilm-scifact",
+                           "evaluate-policy@minilm-pg-scifact"}
     assert _status(ws) == {}
 
 
@@ -186,7 +186,7 @@ class _stages:
 def test_a_single_stage_reads_and_writes_where_the_demo_does(demo_run):
     """`pgrank --profile smoke train` in the checkout: the workspace's inputs, the same outputs, byte for byte."""
     _, ws, _, _ = demo_run
-    model = ws / "models" / "minilm"
+    model = ws / "models" / "minilm" / "pg"
     before = {p.relative_to(model): p.read_bytes() for p in model.rglob("*") if p.is_file()}
     out = _pgrank(["train"], demo_run)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -200,13 +200,13 @@ def test_a_training_knob_reruns_only_what_reads_it_and_a_new_dataset_only_its_st
     knob = ["--set", "train.pg.num_samples=12"]
     out = _pgrank([*knob, "repro"], demo_run)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert _ran(out.stdout) == ALWAYS | {"train@minilm", "evaluate-policy@minilm-scifact", "tables"}
+    assert _ran(out.stdout) == ALWAYS | {"train@minilm-pg", "evaluate-policy@minilm-pg-scifact", "tables"}
     # one more dataset: its own stages and the tables; nothing of scifact's is redone
     more = ["--set", "data.eval_sets={scifact: [test], nfcorpus: [test]}"]
     out = _pgrank([*knob, *more, "repro"], demo_run, PGRANK_BEIR_MIRROR="../shared/data/beir")
     assert out.returncode == 0, out.stderr[-2000:]
     assert _ran(out.stdout) == {"download", "mine@nfcorpus", "evaluate-bm25@bm25-nfcorpus", "evaluate-dense@minilm-nfcorpus",
-                                "evaluate-policy@minilm-nfcorpus", "tables"}
+                                "evaluate-policy@minilm-pg-nfcorpus", "tables"}
     _, ws, _, _ = demo_run
     assert "NFCorpus" in (ws / "tables" / "rerank-out-of-domain.md").read_text()
 
@@ -219,19 +219,41 @@ def test_paper_profile_validates_and_its_dag_lists_every_stage(tmp_path):
     names = _dvc(["stage", "list", "--name-only"], project).split()
     datasets = list(params.data.eval_sets_by_dataset())
     expected = {"download", "mine-train", "tables"}
-    expected |= {f"mine@{d}" for d in datasets} | {f"train@{w}" for w in params.train.warm_starts}
+    expected |= {f"mine@{d}" for d in datasets} | {f"train@{w}-pg" for w in params.train.warm_starts}
     systems = params.evaluate.systems
     expected |= {f"evaluate-{kind}@{s}-{d}" for kind in ("bm25", "dense", "sparse") for s in getattr(systems, kind)
                  for d in datasets}
-    expected |= {f"evaluate-policy@{w}-{d}" for w in params.train.warm_starts for d in datasets}
+    expected |= {f"evaluate-policy@{w}-pg-{d}" for w in params.train.warm_starts for d in datasets}
     assert set(names) == expected
     assert len(datasets) == 14 and len(names) == 3 + 14 + 2 + 4 * 14 + 2 * 14  # 15 eval sets, 14 datasets
     dot = _dvc(["dag", "--dot"], project)
     nodes = set(re.findall(r'"([^"]+)"', dot))
     assert expected <= nodes  # every stage is in the DAG DVC derives from the one dvc.yaml
     edges = set(re.findall(r'"([^"]+)" -> "([^"]+)"', dot))
-    for edge in [("download", "mine-train"), ("mine-train", "train@sbert"), ("train@sbert", "evaluate-policy@sbert-nq"),
-                 ("evaluate-dense@sbert-nq", "evaluate-policy@sbert-nq"), ("mine@nq", "evaluate-bm25@bm25-nq"),
+    for edge in [("download", "mine-train"), ("mine-train", "train@sbert-pg"), ("train@sbert-pg", "evaluate-policy@sbert-pg-nq"),
+                 ("evaluate-dense@sbert-nq", "evaluate-policy@sbert-pg-nq"), ("mine@nq", "evaluate-bm25@bm25-nq"),
                  ("download", "mine@nq"), ("mine@nq", "evaluate-sparse@splade-v2-nq"),
-                 ("evaluate-policy@tas-b-scifact", "tables")]:
+                 ("evaluate-policy@tas-b-pg-scifact", "tables")]:
         assert edge in edges, edge
+
+
+def test_compare_profile_fans_training_and_evaluation_out_over_objectives(tmp_path):
+    """profiles/compare.yaml: one train stage and one evaluate-policy stage per dataset for each objective,
+    all feeding the tables (the comparison table reads every objective's results)."""
+    from pgrank.config import load_params
+    from pgrank.pipeline.workspace import prepare
+
+    project = project_copy(tmp_path / "project")
+    params = load_params(project / "params.yaml", profile="compare")
+    assert params.train.objectives == ["pg", "infonce", "listnet", "listmle", "lambdaloss"]
+    ws = prepare(project / "params.yaml", "compare")
+    names = set(_dvc(["stage", "list", "--name-only"], ws).split())
+    trains = {f"train@minilm-{o}" for o in params.train.objectives}
+    policies = {f"evaluate-policy@minilm-{o}-{d}" for o in params.train.objectives for d in ("scifact", "nfcorpus")}
+    assert trains | policies <= names
+    edges = set(re.findall(r'"([^"]+)" -> "([^"]+)"', _dvc(["dag", "--dot"], ws)))
+    for o in params.train.objectives:
+        assert ("mine-train", f"train@minilm-{o}") in edges
+        assert (f"train@minilm-{o}", f"evaluate-policy@minilm-{o}-nfcorpus") in edges
+        assert ("evaluate-dense@minilm-nfcorpus", f"evaluate-policy@minilm-{o}-nfcorpus") in edges
+        assert (f"evaluate-policy@minilm-{o}-scifact", "tables") in edges

@@ -35,7 +35,7 @@ def test_the_demo_plan_equals_counts_done_by_hand(tmp_path):
         mine = lines[f"mine@{dataset}"]
         assert (mine.docs, mine.queries, mine.pairs) == (0, queries, queries * 100)  # each corpus is encoded once
         assert mine.disk == queries * 100 * 5 + queries * 100 * 45  # store + TREC run
-    train = lines["train@minilm"]
+    train = lines["train@minilm-pg"]
     assert (train.docs, train.grad_docs, train.grad_queries) == (0, 0, 709 * 4)
     assert (train.queries, train.rankings, train.pairs) == ((100 + 324) * 5, 709 * 200 * 4, 709 * 100 * 4)
     assert train.disk == 3 * 2 * size * 4
@@ -43,7 +43,7 @@ def test_the_demo_plan_equals_counts_done_by_hand(tmp_path):
     assert (other.grad_queries, other.rankings) == (200 * 4, 200 * 200 * 4) and "queries_per_epoch=200" in other.note
     for stage in ("evaluate-dense@minilm-scifact", "evaluate-bm25@bm25-scifact"):
         assert (lines[stage].docs, lines[stage].pairs) == (0, 30_000)
-    policy = lines["evaluate-policy@minilm-scifact"]
+    policy = lines["evaluate-policy@minilm-pg-scifact"]
     assert (policy.docs, policy.queries, policy.pairs) == (0, 600, 60_000)  # last epoch + epoch 2, rerank only
     total = totals(plan)
     assert (total.docs, total.grad_queries, total.rankings) == (5_183 + 3_633, 709 * 4, 709 * 200 * 4)
@@ -53,7 +53,7 @@ def test_the_paper_plan_shows_what_5000_rankings_per_epoch_cost(tmp_path):
     params, plan = _plan(tmp_path)
     lines = {line.stage: line for line in plan.lines}
     train_pg = 502_939 - 7_000
-    sbert = lines["train@sbert"]
+    sbert = lines["train@sbert-pg"]
     assert sbert.grad_docs == train_pg * 1000 * 6 > 2.9e9  # every candidate of every query, every epoch
     assert sbert.rankings == train_pg * 5000 * 6
     other = [line for line in plan.lines if line.stage.startswith(" ") and line.model == "sbert"][0]
@@ -71,7 +71,7 @@ def test_the_cli_prints_the_plan(tmp_path):
 
     out = CliRunner().invoke(app, ["--params", str(ROOT / "params.yaml"), "--set", f"paths.data={tmp_path}", "plan"])
     assert out.exit_code == 0, out.output
-    assert "| train@tas-b | tas-b |" in out.output and "**total**" in out.output
+    assert "| train@tas-b-pg | tas-b |" in out.output and "**total**" in out.output
 
 
 def test_calibration_prices_every_stage_in_hours(tmp_path, tiny_model_dir):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 from toy_project import make_project
 
-from pgrank.errors import ConfigError
 from pgrank.core.policy import top1_kl
 from pgrank.models.hub import load_encoder
 from pgrank.training.batches import TrainingSet, make_batch
@@ -60,6 +59,16 @@ def test_a_strong_kl_keeps_the_policy_near_the_warm_start(tmp_path, tiny_model_d
     assert drift[50.0] < drift[0.0] / 5  # ...and the term holds it near the warm start (measured 0.0024)
 
 
-def test_the_kl_term_belongs_to_the_policy_gradient(tmp_path, tiny_model_dir):
-    with pytest.raises(ConfigError, match="kl_coef"):
-        make_project(tmp_path, tiny_model_dir, overrides={"train.objective": "listnet", "train.pg.kl_coef": 0.1})
+def test_the_kl_term_belongs_to_the_policy_gradient(tmp_path, tiny_model_dir, monkeypatch):
+    """With objectives [pg, listnet] and a KL weight, only the pg run loads the reference policy."""
+    from pgrank.training import trainer
+
+    params, paths = make_project(tmp_path, tiny_model_dir, overrides={
+        "train.objectives": ["pg", "listnet"], "train.pg.kl_coef": 0.1, "train.epochs": 1, "train.keep_epochs": [1]})
+    loaded = []
+    real = trainer.ReferencePolicy
+    monkeypatch.setattr(trainer, "ReferencePolicy", lambda model, cfg: loaded.append(cfg) or real(model, cfg))
+    train(params, paths, str(tiny_model_dir), objective="listnet", device="cpu", progress=False)
+    assert loaded == []
+    train(params, paths, str(tiny_model_dir), objective="pg", device="cpu", progress=False)
+    assert len(loaded) == 1

@@ -348,3 +348,37 @@ def test_short_real_run_on_a_scifact_slice_raises_training_utility(tmp_path, bei
 
     after = validate(SentenceTransformer(str(result.final), device="cpu"), examples, qrels, params, frozen=frozen)
     assert after["ndcg@10"] > before["ndcg@10"] + 0.02, (before, after)
+
+
+def test_each_objective_trains_its_own_policy_at_its_own_learning_rate(tmp_path, tiny_model_dir):
+    """train.objectives: one run per objective on the same candidates, in its own folders, at its own rate;
+    epoch timings go to Paths.timings, never into the DVC-tracked history."""
+    import json
+
+    from pgrank.training.trainer import _fingerprint
+
+    name = str(tiny_model_dir)
+    overrides = {"train.objectives": ["pg", "listnet"], "train.learning_rates": {"listnet": 5e-3},
+                 "train.epochs": 1, "train.keep_epochs": [0, 1]}
+    params, paths = make_project(tmp_path, tiny_model_dir, overrides=overrides)
+    pg = train(params, paths, name, objective="pg", device="cpu", progress=False)
+    listnet = train(params, paths, name, objective="listnet", device="cpu", progress=False)
+    assert pg.final == paths.checkpoint(name, 1) and listnet.final == paths.checkpoint(name, 1, "listnet")
+    assert read_checkpoint_meta(listnet.final)["objective"] == "listnet"
+    assert _weights(paths.checkpoint(name, 0)).keys() == _weights(paths.checkpoint(name, 0, "listnet")).keys()
+    w_pg, w_ln = _weights(pg.final), _weights(listnet.final)
+    assert any(not torch.equal(w_pg[k], w_ln[k]) for k in w_pg)  # different losses, different policies
+    for objective, result in (("pg", pg), ("listnet", listnet)):
+        history = json.loads((paths.training_log(name, objective) / "history.json").read_text())
+        assert history == result.history and all(k == "epoch" or k.startswith(("val_", "train_")) for h in history for k in h)
+        timing = json.loads(paths.timings(name, objective).read_text())
+        assert list(timing["epoch_seconds"]) == ["1"] and timing["epoch_seconds"]["1"] > 0
+    # the fingerprint (what resumes or invalidates a run) is the objective's own: its learning rate counts,
+    # the other objectives' settings do not
+    fingerprint = read_checkpoint_meta(pg.final)["fingerprint"]
+    alone, _ = make_project(tmp_path / "alone", tiny_model_dir, overrides={"train.epochs": 1, "train.keep_epochs": [0, 1]})
+    key = read_checkpoint_meta(pg.final)["warm_start_model"]
+    assert _fingerprint(alone, key, "pg") == fingerprint
+    assert _fingerprint(params, key, "listnet") == read_checkpoint_meta(listnet.final)["fingerprint"] != fingerprint
+    faster = params.model_copy(update={"train": params.train.model_copy(update={"learning_rates": {"listnet": 1e-2}})})
+    assert _fingerprint(faster, key, "listnet") != _fingerprint(params, key, "listnet")

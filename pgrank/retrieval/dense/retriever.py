@@ -23,9 +23,7 @@ import numpy as np
 
 from pgrank.config import Params
 from pgrank.errors import PgrankError
-from pgrank.paths import Paths
-
-POLICY_PREFIX = "pgrank-"
+from pgrank.paths import Paths, parse_policy
 
 
 @dataclass(frozen=True)
@@ -41,17 +39,18 @@ class DenseSystem:
 
 
 def policy_system(params: Params, paths: Paths, name: str) -> DenseSystem:
-    """``pgrank-<warm>`` (the last epoch, or the one ``train.selection`` chose) or ``pgrank-<warm>@<epoch>``."""
+    """``pgrank-<warm>[+objective]`` (the last epoch, or the one ``train.selection`` chose) or ``...@<epoch>``."""
     from pgrank.models.hub import read_checkpoint_meta
 
-    warm, _, epoch_text = name[len(POLICY_PREFIX):].partition("@")
-    epoch = int(epoch_text) if epoch_text.isdigit() else params.train.epochs
-    folder = paths.checkpoint(warm, epoch)
-    if not epoch_text and params.train.selection.rule != "last":  # the epoch train.selection chose
-        folder = paths.selected_checkpoint(warm)
+    policy = parse_policy(name)
+    warm, objective = policy.warm, policy.objective
+    epoch = params.train.epochs if policy.epoch is None else policy.epoch
+    folder = paths.checkpoint(warm, epoch, objective)
+    if policy.epoch is None and params.train.selection.rule != "last":  # the epoch train.selection chose
+        folder = paths.selected_checkpoint(warm, objective)
     if not folder.is_dir():
-        raise PgrankError(f"{folder}: no checkpoint for system {name!r}; run `pgrank train --warm-start {warm}` "
-                          f"with epoch {epoch} in train.keep_epochs")
+        raise PgrankError(f"{folder}: no checkpoint for system {name!r}; run `pgrank train --warm-start {warm} "
+                          f"--objective {objective}` with epoch {epoch} in train.keep_epochs")
     meta = read_checkpoint_meta(folder)
     epoch = meta.get("epoch", epoch)
     documents = warm if meta.get("tower") == "query" else str(folder)
@@ -157,7 +156,7 @@ def for_evaluation(params: Params, paths: Paths, name: str, dataset: str, *,
                    candidates: np.ndarray | None = None) -> DenseRetriever:
     """A comparison system of ``evaluate.systems.dense`` or a trained policy (see the module docstring);
     ``candidates``: the corpus rows a rerank-only evaluation scores (see :class:`DenseRetriever`)."""
-    system = policy_system(params, paths, name) if name.startswith(POLICY_PREFIX) else DenseSystem(name, name, name)
+    system = policy_system(params, paths, name) if parse_policy(name) else DenseSystem(name, name, name)
     cfg = params.evaluate
     return DenseRetriever(params, paths, system, dataset, max_seq_length=cfg.max_seq_length, batch_size=cfg.batch_size,
                           candidates=candidates)

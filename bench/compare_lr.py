@@ -1,0 +1,119 @@
+"""Choose each objective's learning rate for the compare profile, on validation only.
+
+Trains every ``train.objectives`` loss of ``profiles/compare.yaml`` at each learning rate of a small
+grid (one seed, the profile's epochs and batches), validating on scifact's carved validation split
+(never a test split), and picks per loss the rate with the best validation nDCG@10 at the last epoch
+(the compare profile's policy is its last epoch); a loss whose best rate is the grid's highest gets the
+next rate up (x3), at most ``--extend`` times, so that no choice sits on the grid's edge. The datasets, corpus embeddings and training
+candidate sets are built once and shared by every run; the runs differ only in the loss and its rate.
+
+Prints a Markdown table (validation nDCG@10 per loss and rate, the seconds each run took) and the
+``train.learning_rates`` mapping to put into ``profiles/compare.yaml``.
+
+Usage::
+
+    python bench/compare_lr.py --work /tmp/lr [--mirror ../shared/data/beir] \
+        [--rates 1e-5 3e-5 1e-4] [--extend 2] [--objectives pg listnet] [--out bench/out/compare_lr.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ("datasets", "splits", "training-sets")  # built once, linked into every run's root
+
+
+def _params(work: Path, mirror: str, root: Path, extra: list[str]):
+    from pgrank.config import load_params
+
+    return load_params(ROOT / "params.yaml", [
+        f"paths.root={root}", f"paths.data={work / 'data'}", f"paths.embeddings={work / 'embeddings'}",
+        f"data.mirror={mirror}", "tracking.enabled=false", *extra], profile="compare")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--work", type=Path, required=True)
+    parser.add_argument("--mirror", default=str(ROOT.parent / "shared" / "data" / "beir"))
+    parser.add_argument("--rates", type=float, nargs="+", default=[1e-5, 3e-5, 1e-4])
+    parser.add_argument("--objectives", nargs="+", default=None, help="default: the profile's train.objectives")
+    parser.add_argument("--extend", type=int, default=2, help="times the grid may grow past its top rate (x3 each)")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+    from pgrank.data.download import download
+    from pgrank.mining.candidate_sets import mine_splits, training_targets
+    from pgrank.paths import Paths
+    from pgrank.training.trainer import train
+
+    work = args.work.resolve()
+    base_root = work / "runs" / "base"
+    params = _params(work, args.mirror, base_root, [])
+    objectives = args.objectives or params.train.objectives
+    paths = Paths.from_config(params.paths)
+    started = time.perf_counter()
+    download(params, paths, progress=False)
+    mine_splits(params, paths, training_targets(params), progress=False)
+    print(f"shared setup: {time.perf_counter() - started:.0f} s", flush=True)
+
+    def run(objective: str, rate: float) -> tuple[float, float, float]:
+        """Validation nDCG@10 after the last epoch, its gain over the warm start, and the run's seconds
+        (a finished run of the same settings is read back, not retrained)."""
+        root = work / "runs" / f"{objective}-{rate:g}"
+        root.mkdir(parents=True, exist_ok=True)
+        for name in SHARED:
+            if not (root / name).exists():
+                (root / name).symlink_to(base_root / name)
+        record = root / "grid-result.json"
+        if record.is_file():
+            return tuple(json.loads(record.read_text()))
+        p = _params(work, args.mirror, root, [f"train.objectives=[{objective}]",
+                                              f"train.learning_rates={{{objective}: {rate}}}"])
+        t0 = time.perf_counter()
+        result = train(p, Paths.from_config(p.paths), "minilm", objective=objective, device="cpu", progress=False)
+        seconds = time.perf_counter() - t0
+        first, last = result.history[0]["val_ndcg@10"], result.history[-1]["val_ndcg@10"]
+        record.write_text(json.dumps([last, last - first, seconds]))
+        print(json.dumps({"objective": objective, "rate": rate, "val_ndcg@10": last, "gain": last - first,
+                          "seconds": round(seconds)}), flush=True)
+        return last, last - first, seconds
+
+    results: dict[str, dict[float, tuple[float, float, float]]] = {}
+    for objective in objectives:
+        by_rate = results.setdefault(objective, {})
+        for rate in args.rates:
+            by_rate[rate] = run(objective, rate)
+        # A best rate at the top of the grid is not a choice: extend the grid upwards (x3) until it is not.
+        for _ in range(args.extend):
+            top = max(by_rate)
+            if max(by_rate, key=lambda r: by_rate[r][0]) != top:
+                break
+            by_rate[float(f"{top * 3:.0e}")] = run(objective, float(f"{top * 3:.0e}"))
+
+    rates = sorted({r for by_rate in results.values() for r in by_rate})
+    lines = ["| objective | " + " | ".join(f"lr {r:g}" for r in rates) + " | chosen |",
+             "| --- | " + " | ".join("---:" for _ in rates) + " | ---: |"]
+    chosen = {}
+    for objective, by_rate in results.items():
+        chosen[objective] = max(by_rate, key=lambda r: by_rate[r][0])
+        cells = [f"{v:.4f} ({g:+.4f}, {s:.0f} s)" if r in by_rate else "" for r in rates
+                 for v, g, s in [by_rate.get(r, (0, 0, 0))]]
+        lines.append(f"| {objective} | " + " | ".join(cells) + f" | {chosen[objective]:g} |")
+    lines += ["", "Cells: scifact validation nDCG@10 after the last epoch (gain over the warm start, wall time of "
+              "the run). train.learning_rates for profiles/compare.yaml:",
+              "{" + ", ".join(f"{o}: {r:g}" for o, r in chosen.items()) + "}"]
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""Policy names and where each (warm start, objective) run writes (pgrank/paths.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pgrank.config import PathsConfig
+from pgrank.paths import Paths, Policy, parse_policy, policy_name
+
+
+@pytest.mark.parametrize(("name", "policy", "canonical"), [
+    ("pgrank-sbert", Policy("sbert", "pg", None), "pgrank-sbert"),
+    ("pgrank-sbert+pg", Policy("sbert", "pg", None), "pgrank-sbert"),  # what dvc.yaml's matrix spells
+    ("pgrank-tas-b@2", Policy("tas-b", "pg", 2), "pgrank-tas-b@2"),
+    ("pgrank-minilm+listnet", Policy("minilm", "listnet", None), "pgrank-minilm+listnet"),
+    ("pgrank-minilm+lambdaloss@4", Policy("minilm", "lambdaloss", 4), "pgrank-minilm+lambdaloss@4"),
+    ("pgrank-org/model+infonce", Policy("org/model", "infonce", None), "pgrank-org/model+infonce"),
+])
+def test_policy_names_round_trip(name, policy, canonical):
+    assert parse_policy(name) == policy
+    assert policy.name == canonical == policy_name(policy.warm, policy.objective, policy.epoch)
+    assert parse_policy(canonical) == policy
+
+
+@pytest.mark.parametrize("system", ["sbert", "bm25", "tas-b", "splade-v2", "pgrank-"])
+def test_comparison_systems_are_not_policies(system):
+    assert parse_policy(system) is None
+
+
+def test_each_objective_has_its_own_folders_and_pg_keeps_the_plain_name(tmp_path):
+    paths = Paths.from_config(PathsConfig(root="runs/x", data="data", embeddings="emb"), tmp_path)
+    root = tmp_path / "runs/x"
+    assert paths.checkpoint("minilm", 2) == root / "models/minilm/pg/epoch-2"
+    assert paths.checkpoint("minilm", 2, "listnet") == root / "models/minilm/listnet/epoch-2"
+    assert paths.training_log("minilm", "infonce") == root / "training/minilm/infonce"
+    assert paths.timings("minilm", "infonce") == root / "timings/minilm/infonce.json"
+    # results and metrics of a policy: under pgrank-<warm>/<objective>, the same folder whichever spelling
+    assert paths.results("pgrank-minilm", "scifact", "test", "rerank") == root / "results/pgrank-minilm/pg/scifact/test/rerank"
+    assert paths.results("pgrank-minilm+pg", "scifact", "test", "rerank") == paths.results("pgrank-minilm", "scifact", "test", "rerank")
+    assert paths.results("pgrank-minilm+listnet@2", "scifact", "test", "rerank") == (
+        root / "results/pgrank-minilm/listnet/scifact/epoch-2/test/rerank")
+    assert paths.metrics_summary("pgrank-minilm+listnet", "scifact") == root / "metrics/pgrank-minilm/listnet/scifact.json"
+    # comparison systems are unchanged
+    assert paths.results("minilm", "scifact", "test", "full") == root / "results/minilm/scifact/test/full"
+    assert paths.metrics_summary("bm25", "nfcorpus") == root / "metrics/bm25/nfcorpus.json"
