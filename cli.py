@@ -265,6 +265,15 @@ def repro_cmd(
 
     ws = repro(ctx.obj.params_file, ctx.obj.profile, ctx.obj.overrides, targets or [], dry=dry)
     typer.echo(f"pipeline workspace: {ws}")
+    from pgrank.config import load_params
+    from pgrank.paths import Paths
+
+    params = load_params(ws / "params.yaml") if (ws / "params.yaml").is_file() else None
+    if params is None:
+        return
+    comparison = Paths.from_config(params.paths, base=ws).tables / "objectives.md"  # the compare profile's answer
+    if not dry and comparison.is_file() and (not targets or "tables" in targets):
+        typer.echo(comparison.read_text(encoding="utf-8"))
 
 
 @app.command("demo")

@@ -3,8 +3,8 @@
 Trains every ``train.objectives`` loss of ``profiles/compare.yaml`` at each learning rate of a small
 grid (one seed, the profile's epochs and batches), validating on scifact's carved validation split
 (never a test split), and picks per loss the rate with the best validation nDCG@10 at the last epoch
-(the compare profile's policy is its last epoch); a loss whose best rate is the grid's highest gets the
-next rate up (x3), at most ``--extend`` times, so that no choice sits on the grid's edge. The datasets, corpus embeddings and training
+(the compare profile's policy is its last epoch); a loss whose best rate is the grid's highest (lowest)
+gets the next rate up (down) by 3x, at most ``--extend`` times, so that no choice sits on the grid's edge. The datasets, corpus embeddings and training
 candidate sets are built once and shared by every run; the runs differ only in the loss and its rate.
 
 Prints a Markdown table (validation nDCG@10 per loss and rate, the seconds each run took) and the
@@ -42,7 +42,7 @@ def main() -> None:
     parser.add_argument("--mirror", default=str(ROOT.parent / "shared" / "data" / "beir"))
     parser.add_argument("--rates", type=float, nargs="+", default=[1e-5, 3e-5, 1e-4])
     parser.add_argument("--objectives", nargs="+", default=None, help="default: the profile's train.objectives")
-    parser.add_argument("--extend", type=int, default=2, help="times the grid may grow past its top rate (x3 each)")
+    parser.add_argument("--extend", type=int, default=2, help="times the grid may grow past an edge (x3 or /3 each)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -89,12 +89,13 @@ def main() -> None:
         by_rate = results.setdefault(objective, {})
         for rate in args.rates:
             by_rate[rate] = run(objective, rate)
-        # A best rate at the top of the grid is not a choice: extend the grid upwards (x3) until it is not.
+        # A best rate at an edge of the grid is not a choice: extend the grid past it (x3 or /3) until it is not.
         for _ in range(args.extend):
-            top = max(by_rate)
-            if max(by_rate, key=lambda r: by_rate[r][0]) != top:
+            best = max(by_rate, key=lambda r: by_rate[r][0])
+            if best not in (min(by_rate), max(by_rate)):
                 break
-            by_rate[float(f"{top * 3:.0e}")] = run(objective, float(f"{top * 3:.0e}"))
+            step = float(f"{best * 3:.0e}") if best == max(by_rate) else float(f"{best / 3:.0e}")
+            by_rate[step] = run(objective, step)
 
     rates = sorted({r for by_rate in results.values() for r in by_rate})
     lines = ["| objective | " + " | ".join(f"lr {r:g}" for r in rates) + " | chosen |",
