@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import load_file
 from toy_project import make_project
 
+from pgrank import tracking
 from pgrank.core.estimators import policy_gradient
 from pgrank.models.hub import load_encoder, read_checkpoint_meta
 from pgrank.training import checkpoints
@@ -300,9 +301,16 @@ def test_mlflow_receives_the_run(tmp_path, tiny_model_dir, monkeypatch):
     assert [m.step for m in steps] == list(range(1, len(curve) + 1))
     assert [round(m.value, 6) for m in steps] == [round(float(row.split(",")[2]), 6) for row in curve]
     assert {"utility", "grad_norm", "entropy", "val_ndcg_at_10", "train_utility"} <= set(run.data.metrics)
+    assert {"epoch_seconds", "val_ndcg_at_10"} <= set(run.data.metrics)  # the epoch's wall time, in MLflow too
     assert result.registered_version == "1"
     version = client.get_model_version(params.tracking.registered_model, "1")
     assert version.run_id == run.info.run_id
+    import mlflow
+
+    # the requirements are the pinned packages given (not inferred by reloading the model in a subprocess)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", paths.mlflow_uri())  # for this test only
+    requirements = mlflow.pyfunc.get_model_dependencies(f"models:/{params.tracking.registered_model}/1")
+    assert tracking.model_requirements() and set(tracking.model_requirements()) <= set(Path(requirements).read_text().split())
 
 
 @pytest.mark.integration
