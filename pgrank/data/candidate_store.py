@@ -10,7 +10,9 @@ readers need, in ``Paths.candidate_store(dataset, split)``::
     offsets.npy                               (Q + 1,) int64: query i's candidates are pairs offsets[i]:offsets[i+1]
     rows.i32                                  (P,) int32 corpus rows (:mod:`pgrank.data.corpus_store`)
     grades.i8                                 (P,) int8 judged grade of each candidate (0: unjudged)
-    meta.json                                 written last: dataset, split, corpus checksum, counts
+    meta.json                                 written last: dataset, split, corpus checksum, counts, and
+                                              ``sha256``, a digest of the sets' content (ids, texts, rows,
+                                              grades), taken while they stream in
 
 Each set is in stage-1 rank order (score descending, then document id ascending). 5 bytes a pair: MS
 MARCO's training candidates take 2.5 GB. Readers memory-map the files, so every DDP rank shares the
@@ -25,6 +27,7 @@ Example:
 from __future__ import annotations
 
 import bisect
+import hashlib
 import json
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -139,6 +142,7 @@ class CandidateStoreWriter:
         self._queries: list[str] = []
         self._offsets = [0]
         self._last: str | None = None
+        self._sha = hashlib.sha256()  # what the trainer's fingerprint compares: new judgments change it
 
     def __enter__(self) -> "CandidateStoreWriter":
         self.tmp = self._atomic.__enter__()
@@ -154,6 +158,10 @@ class CandidateStoreWriter:
         if grades.size and (grades.min() < -128 or grades.max() > 127):
             raise DataError(f"{self.folder}: query {qid!r} has a grade outside -128..127")
         self._last = qid
+        rows = np.ascontiguousarray(rows, dtype=ROW_DTYPE)
+        self._sha.update(f"{len(qid)}:{qid}{len(query)}:{query}{rows.size}:".encode())
+        self._sha.update(rows.tobytes())
+        self._sha.update(np.ascontiguousarray(grades, dtype=GRADE_DTYPE).tobytes())
         self._qids.append(qid)
         self._queries.append(query)
         self._rows.append(rows)
@@ -171,7 +179,7 @@ class CandidateStoreWriter:
             write_json(self.tmp / "meta.json", {
                 **self.meta, "format": FORMAT, "queries": len(self._qids), "pairs": int(self._rows.count),
                 "min_size": int(sizes.min()) if len(sizes) else 0, "max_size": int(sizes.max()) if len(sizes) else 0,
-                "rows": ROW_DTYPE, "grades": GRADE_DTYPE})
+                "rows": ROW_DTYPE, "grades": GRADE_DTYPE, "sha256": self._sha.hexdigest()})
         return self._atomic.__exit__(exc_type, exc, tb)
 
 

@@ -29,6 +29,7 @@ import logging
 import math
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -133,13 +134,15 @@ def accumulate_gradients(model, batch: Batch, params: Params, *, epoch: int, fro
 # --------------------------------------------------------------------------------------- the stage
 
 
-def _fingerprint(params: Params, warm_key: str, objective: str) -> str:
+def _fingerprint(params: Params, warm_key: str, objective: str, data: Sequence[str | None] = ()) -> str:
+    """What resumes a run or invalidates it: its settings, and ``data``, the content digests of the candidate
+    stores it trains and validates on (new judgments under the same split name must not resume old state)."""
     # How long to wait changes no result, nor do the other objectives' runs.
     train = params.train.model_dump(mode="json", exclude={"ddp_timeout_minutes", "objectives", "learning_rates"})
     train.update(objective=objective, learning_rate=params.train.learning_rate_for(objective))
     blob = json.dumps({"train": train, "data": params.data.train,
                        "validation": [params.data.validation_size, params.data.validation_seed],
-                       "warm_start": warm_key}, sort_keys=True)
+                       "warm_start": warm_key, "content": list(data)}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -183,7 +186,6 @@ def train(params: Params, paths: Paths, warm_start: str, *, objective: str = "pg
     doc_ref = (checkpoints.document_encoder(ref, params.models) if cfg.tower == "query" else None) or ref
     model_dir, state_dir = paths.model_dir(warm_start, objective), paths.train_state(warm_start, objective)
     log_dir, timings = paths.training_log(warm_start, objective), paths.timings(warm_start, objective)
-    fingerprint = _fingerprint(params, ref.key, objective)
 
     # Every rank memory-maps the same corpus and candidate stores: nothing of either is a private copy.
     corpus = open_corpus(paths, dataset, progress=progress and world.is_main)
@@ -192,6 +194,8 @@ def train(params: Params, paths: Paths, warm_start: str, *, objective: str = "pg
     val_qrels = qrels_by_row(load_topics(paths, dataset, VALIDATION)[1], corpus)
     frozen = frozen_documents(params, paths, doc_ref, corpus) if cfg.tower == "query" else None
     ood = [out_of_domain_set(params, paths, name, doc_ref) for name in cfg.validation_sets]
+    fingerprint = _fingerprint(params, ref.key, objective,
+                               [s.store.meta.get("sha256") for s in (train_examples, val_examples, *(v.examples for v in ood))])
 
     reference = None
     if objective == "pg" and cfg.pg.kl_coef:  # loaded before seeding: the run's random stream stays the same

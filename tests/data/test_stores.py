@@ -113,6 +113,23 @@ def test_candidate_store_round_trip(tmp_path):
     assert store.meta["min_size"] == 0 and store.meta["max_size"] == 3
 
 
+def test_candidate_store_digest_follows_the_content(tmp_path):
+    """meta.json's sha256 (what the trainer's fingerprint compares) changes with a grade, a row, a query's
+    text or one more set, and with nothing else (not the folder)."""
+    sets = {"q1": ([5, 1, 9], [0, 2, 0]), "q2": ([3], [1])}
+    digest = {}
+    for name, variant in {"same": sets, "copy": dict(sets), "grade": {**sets, "q2": ([3], [2])},
+                          "row": {**sets, "q2": ([4], [1])}, "more": {**sets, "q3": ([7], [0])}}.items():
+        _candidates(tmp_path / name, variant)
+        digest[name] = open_candidate_store(tmp_path / name).meta["sha256"]
+    assert digest["same"] == digest["copy"]
+    assert len({digest[k] for k in ("same", "grade", "row", "more")}) == 4
+    with CandidateStoreWriter(tmp_path / "text", {}) as out:
+        for qid in sorted(sets):
+            out.add(qid, f"another text of {qid}", np.array(sets[qid][0]), np.array(sets[qid][1]))
+    assert open_candidate_store(tmp_path / "text").meta["sha256"] != digest["same"]
+
+
 def test_candidate_store_is_all_or_nothing_and_checks_order(tmp_path):
     with pytest.raises(DataError, match="sorted id order"):
         with CandidateStoreWriter(tmp_path / "s", {}) as out:

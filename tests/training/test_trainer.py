@@ -120,6 +120,48 @@ def test_resume_after_kill_reaches_the_same_weights(tmp_path, tiny_model_dir, mo
     assert (paths.training_log(str(tiny_model_dir)) / "curve.csv").read_text() == (paths_b.training_log(str(tiny_model_dir)) / "curve.csv").read_text()
 
 
+def test_new_judgments_under_the_same_split_name_start_a_killed_run_over(tmp_path, tiny_model_dir, monkeypatch, caplog):
+    """A run killed after epoch 1 resumes only on the data it was trained on: once the training split's
+    candidate sets change (new judgments, same ``data.train``), the state is stale and training starts over,
+    ending with the weights of a fresh run on the new data."""
+    from pgrank.data.beir import load_topics
+    from pgrank.data.candidate_store import run_sets, write_candidates
+    from pgrank.data.corpus_store import open_corpus
+    from pgrank.data.runs import read_run
+
+    name, overrides = str(tiny_model_dir), {"train.epochs": 2, "train.keep_epochs": [2]}
+    real_save = checkpoints.save_model
+
+    def killed_at_epoch_2(model, path, meta, **kw):
+        if meta["epoch"] == 2:
+            raise KeyboardInterrupt("simulated kill")
+        return real_save(model, path, meta, **kw)
+
+    def change_the_training_sets(paths):  # one query's judgments removed: what `dvc repro` re-mines
+        queries, qrels = load_topics(paths, "toy", "train-pg")
+        run = read_run(paths.candidates("toy", "train-pg"))
+        del run[sorted(run)[0]]
+        write_candidates(paths, "toy", "train-pg", run_sets(run, open_corpus(paths, "toy"), queries, qrels),
+                         corpus=open_corpus(paths, "toy"), tag="pgrank-test", trec=True)
+
+    params, paths = make_project(tmp_path / "a", tiny_model_dir, overrides=overrides)
+    monkeypatch.setattr(checkpoints, "save_model", killed_at_epoch_2)
+    with pytest.raises(KeyboardInterrupt):
+        train(params, paths, name, device="cpu", progress=False)
+    assert checkpoints.load_state(paths.train_state(name)).epoch == 1
+    monkeypatch.setattr(checkpoints, "save_model", real_save)
+    change_the_training_sets(paths)
+    with caplog.at_level("WARNING", logger="pgrank"):
+        retrained = train(params, paths, name, device="cpu", progress=False)
+    assert "settings changed since this state was saved; starting over" in caplog.text
+
+    params_b, paths_b = make_project(tmp_path / "b", tiny_model_dir, overrides=overrides)
+    change_the_training_sets(paths_b)
+    fresh = train(params_b, paths_b, name, device="cpu", progress=False)
+    wa, wb = _weights(retrained.final), _weights(fresh.final)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
 def test_reconfigured_training_leaves_no_checkpoint_of_the_old_settings(tmp_path, tiny_model_dir):
     name = str(tiny_model_dir)
     params, paths = make_project(tmp_path, tiny_model_dir, overrides={"train.epochs": 2, "train.keep_epochs": [0, 1, 2]})
@@ -363,6 +405,7 @@ def test_each_objective_trains_its_own_policy_at_its_own_learning_rate(tmp_path,
     epoch timings go to Paths.timings, never into the DVC-tracked history."""
     import json
 
+    from pgrank.data.candidate_store import open_candidates
     from pgrank.training.trainer import _fingerprint
 
     name = str(tiny_model_dir)
@@ -386,7 +429,8 @@ def test_each_objective_trains_its_own_policy_at_its_own_learning_rate(tmp_path,
     fingerprint = read_checkpoint_meta(pg.final)["fingerprint"]
     alone, _ = make_project(tmp_path / "alone", tiny_model_dir, overrides={"train.epochs": 1, "train.keep_epochs": [0, 1]})
     key = read_checkpoint_meta(pg.final)["warm_start_model"]
-    assert _fingerprint(alone, key, "pg") == fingerprint
-    assert _fingerprint(params, key, "listnet") == read_checkpoint_meta(listnet.final)["fingerprint"] != fingerprint
+    data = [open_candidates(paths, "toy", split).meta["sha256"] for split in ("train-pg", "validation")]
+    assert _fingerprint(alone, key, "pg", data) == fingerprint
+    assert _fingerprint(params, key, "listnet", data) == read_checkpoint_meta(listnet.final)["fingerprint"] != fingerprint
     faster = params.model_copy(update={"train": params.train.model_copy(update={"learning_rates": {"listnet": 1e-2}})})
-    assert _fingerprint(faster, key, "listnet") != _fingerprint(params, key, "listnet")
+    assert _fingerprint(faster, key, "listnet", data) != _fingerprint(params, key, "listnet", data)
