@@ -224,6 +224,13 @@ def load_encoder(
     return model
 
 
+def model_name_of(key: str) -> str:
+    """A :class:`ModelRef` key as a name that resolves to the same model (a local folder's key is
+    ``<folder>@<weights hash>``; a hub id is its own name)."""
+    folder, at, _ = key.rpartition("@")
+    return folder if at and Path(folder).is_dir() else key
+
+
 def read_checkpoint_meta(folder: str | Path) -> dict:
     """The ``pgrank.json`` of a trained checkpoint folder (``{}`` for any other model)."""
     meta = Path(folder) / CHECKPOINT_META

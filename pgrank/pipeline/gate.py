@@ -225,8 +225,7 @@ def fetch_version(client: MlflowClient, paths: Paths, model_name: str, version: 
     """
     import mlflow
 
-    from pgrank.models.hub import CHECKPOINT_META
-    from pgrank.training.checkpoints import model_name_of
+    from pgrank.models.hub import CHECKPOINT_META, model_name_of
 
     mv = client.get_model_version(model_name, version)
     run_params = client.get_run(mv.run_id).data.params if mv.run_id else {}

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from pgrank.atomic import atomic_path
-from pgrank.models.hub import CHECKPOINT_META
+from pgrank.models.hub import CHECKPOINT_META, model_name_of  # noqa: F401  (model_name_of: re-exported)
 
 TRAINER_STATE = "trainer.pt"
 
@@ -196,13 +196,6 @@ def _py_rng_from_list(raw: list | None) -> tuple | None:
         return None
     version, internal, gauss = raw
     return (version, tuple(internal), gauss)
-
-
-def model_name_of(key: str) -> str:
-    """A :class:`pgrank.models.hub.ModelRef` key as a name that resolves to the same model (a local
-    folder's key is ``<folder>@<weights hash>``; a hub id is its own name)."""
-    folder, at, _ = key.rpartition("@")
-    return folder if at and Path(folder).is_dir() else key
 
 
 def document_encoder(ref: Any, models: Any) -> Any | None:

@@ -166,6 +166,27 @@ def test_trained_pair_and_warm_start_end_to_end(tmp_path, tiny_model_dir):
     assert len([p for p in paths.embeddings.iterdir() if p.is_dir()]) == 1
 
 
+def test_a_query_tower_checkpoint_listed_as_a_dense_system_is_its_policy(tmp_path, tiny_model_dir):
+    """A tower:query checkpoint named in evaluate.systems.dense (a registered version fetched back, the
+    champion of continual retraining) scores exactly as its policy does, and its documents come from the
+    warm start's corpus-embedding artifact: the corpus is not encoded again."""
+    from pgrank.training.trainer import train
+
+    name = str(tiny_model_dir)
+    overrides = {"train.epochs": 1, "train.keep_epochs": [1], "data.eval_sets": ["toy/validation"],
+                 "evaluate.max_seq_length": 32, "evaluate.top_k": 20}
+    _, paths = make_project(tmp_path, tiny_model_dir, overrides=overrides)
+    folder = str(paths.checkpoint(name, 1))
+    params, paths = make_project(tmp_path, tiny_model_dir,
+                                 overrides={**overrides, "evaluate.systems": {"dense": [name, folder]}})
+    train(params, paths, name, device="cpu", progress=False)
+    evaluate(params, paths, name, "toy/validation")
+    policy = {r.stage: r.metrics for r in evaluate(params, paths, f"pgrank-{name}", "toy/validation")}
+    listed = {r.stage: r.metrics for r in evaluate(params, paths, folder, "toy/validation")}
+    assert listed == policy and set(listed) == {"rerank", "full"}
+    assert len([p for p in paths.embeddings.iterdir() if p.is_dir()]) == 1
+
+
 def test_sparse_encoder_baseline_runs_end_to_end(tmp_path, tiny_model_dir, tiny_splade_dir):
     """A tiny SPLADE-style model (BERT MLM head + max pooling) built in code, through both stages."""
     splade = tiny_splade_dir

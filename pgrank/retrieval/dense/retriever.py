@@ -57,6 +57,21 @@ def policy_system(params: Params, paths: Paths, name: str) -> DenseSystem:
     return DenseSystem(name, str(folder), documents, meta.get("similarity", "dot"), warm, epoch)
 
 
+def comparison_system(params: Params, name: str) -> DenseSystem:
+    """A model of ``evaluate.systems.dense`` (alias, hub id or folder). A ``tower: query`` checkpoint named
+    there (a policy's folder, a registered version fetched back, the champion of continual retraining)
+    is the system its policy is: queries through it, documents from its frozen document encoder's
+    corpus-embedding artifact, which mining already built, instead of encoding the corpus again."""
+    from pgrank.models.hub import model_name_of, read_checkpoint_meta, resolve_model
+
+    ref = resolve_model(name, params.models)
+    meta = read_checkpoint_meta(ref.local_dir) if ref.local_dir is not None else {}
+    documents = meta.get("document_encoder") if meta.get("tower") == "query" else None
+    if not documents:
+        return DenseSystem(name, name, name)
+    return DenseSystem(name, name, model_name_of(documents), meta.get("similarity", "dot"))
+
+
 def _normalize(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
 
@@ -156,7 +171,7 @@ def for_evaluation(params: Params, paths: Paths, name: str, dataset: str, *,
                    candidates: np.ndarray | None = None) -> DenseRetriever:
     """A comparison system of ``evaluate.systems.dense`` or a trained policy (see the module docstring);
     ``candidates``: the corpus rows a rerank-only evaluation scores (see :class:`DenseRetriever`)."""
-    system = policy_system(params, paths, name) if parse_policy(name) else DenseSystem(name, name, name)
+    system = policy_system(params, paths, name) if parse_policy(name) else comparison_system(params, name)
     cfg = params.evaluate
     return DenseRetriever(params, paths, system, dataset, max_seq_length=cfg.max_seq_length, batch_size=cfg.batch_size,
                           candidates=candidates)
