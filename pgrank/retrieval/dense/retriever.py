@@ -40,7 +40,7 @@ class DenseSystem:
 
 def policy_system(params: Params, paths: Paths, name: str) -> DenseSystem:
     """``pgrank-<warm>[+objective]`` (the last epoch, or the one ``train.selection`` chose) or ``...@<epoch>``."""
-    from pgrank.models.hub import read_checkpoint_meta
+    from pgrank.models.hub import model_name_of, read_checkpoint_meta
 
     policy = parse_policy(name)
     warm, objective = policy.warm, policy.objective
@@ -53,7 +53,9 @@ def policy_system(params: Params, paths: Paths, name: str) -> DenseSystem:
                           f"--objective {objective}` with epoch {epoch} in train.keep_epochs")
     meta = read_checkpoint_meta(folder)
     epoch = meta.get("epoch", epoch)
-    documents = warm if meta.get("tower") == "query" else str(folder)
+    # tower:query: the frozen document encoder the policy trained against (the warm start; for a warm start
+    # that is itself a tower:query checkpoint, e.g. the champion in continual retraining, its own documents)
+    documents = (model_name_of(meta.get("document_encoder") or warm) if meta.get("tower") == "query" else str(folder))
     return DenseSystem(name, str(folder), documents, meta.get("similarity", "dot"), warm, epoch)
 
 
