@@ -158,10 +158,10 @@ class CandidateStoreWriter:
         if grades.size and (grades.min() < -128 or grades.max() > 127):
             raise DataError(f"{self.folder}: query {qid!r} has a grade outside -128..127")
         self._last = qid
-        rows = np.ascontiguousarray(rows, dtype=ROW_DTYPE)
+        rows, grades = np.ascontiguousarray(rows, dtype=ROW_DTYPE), np.ascontiguousarray(grades, dtype=GRADE_DTYPE)
         self._sha.update(f"{len(qid)}:{qid}{len(query)}:{query}{rows.size}:".encode())
         self._sha.update(rows.tobytes())
-        self._sha.update(np.ascontiguousarray(grades, dtype=GRADE_DTYPE).tobytes())
+        self._sha.update(grades.tobytes())
         self._qids.append(qid)
         self._queries.append(query)
         self._rows.append(rows)

@@ -231,6 +231,13 @@ def model_name_of(key: str) -> str:
     return folder if at and Path(folder).is_dir() else key
 
 
+def document_encoder_of(meta: dict) -> str | None:
+    """The frozen document encoder a ``tower: query`` checkpoint's ``pgrank.json`` (``meta``) names, as a name
+    :func:`resolve_model` takes; ``None`` for any other model."""
+    name = meta.get("document_encoder") if meta.get("tower") == "query" else None
+    return model_name_of(name) if name else None
+
+
 def read_checkpoint_meta(folder: str | Path) -> dict:
     """The ``pgrank.json`` of a trained checkpoint folder (``{}`` for any other model)."""
     meta = Path(folder) / CHECKPOINT_META

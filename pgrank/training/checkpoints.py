@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from pgrank.atomic import atomic_path
-from pgrank.models.hub import CHECKPOINT_META, model_name_of  # noqa: F401  (model_name_of: re-exported)
+from pgrank.models.hub import CHECKPOINT_META
 
 TRAINER_STATE = "trainer.pt"
 
@@ -200,13 +200,10 @@ def _py_rng_from_list(raw: list | None) -> tuple | None:
 
 def document_encoder(ref: Any, models: Any) -> Any | None:
     """The frozen document encoder of a ``tower: query`` checkpoint used as a warm start, else ``None``."""
-    from pgrank.models.hub import read_checkpoint_meta, resolve_model
+    from pgrank.models.hub import document_encoder_of, read_checkpoint_meta, resolve_model
 
-    if ref.local_dir is None:
-        return None
-    meta = read_checkpoint_meta(ref.local_dir)
-    name = meta.get("document_encoder") if meta.get("tower") == "query" else None
-    return resolve_model(model_name_of(name), models) if name else None
+    name = document_encoder_of(read_checkpoint_meta(ref.local_dir)) if ref.local_dir is not None else None
+    return resolve_model(name, models) if name else None
 
 
 def query_route(model: Any) -> Any:

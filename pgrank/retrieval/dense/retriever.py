@@ -40,7 +40,7 @@ class DenseSystem:
 
 def policy_system(params: Params, paths: Paths, name: str) -> DenseSystem:
     """``pgrank-<warm>[+objective]`` (the last epoch, or the one ``train.selection`` chose) or ``...@<epoch>``."""
-    from pgrank.models.hub import model_name_of, read_checkpoint_meta
+    from pgrank.models.hub import document_encoder_of, read_checkpoint_meta
 
     policy = parse_policy(name)
     warm, objective = policy.warm, policy.objective
@@ -55,7 +55,7 @@ def policy_system(params: Params, paths: Paths, name: str) -> DenseSystem:
     epoch = meta.get("epoch", epoch)
     # tower:query: the frozen document encoder the policy trained against (the warm start; for a warm start
     # that is itself a tower:query checkpoint, e.g. the champion in continual retraining, its own documents)
-    documents = (model_name_of(meta.get("document_encoder") or warm) if meta.get("tower") == "query" else str(folder))
+    documents = (document_encoder_of(meta) or warm) if meta.get("tower") == "query" else str(folder)
     return DenseSystem(name, str(folder), documents, meta.get("similarity", "dot"), warm, epoch)
 
 
@@ -64,14 +64,14 @@ def comparison_system(params: Params, name: str) -> DenseSystem:
     there (a policy's folder, a registered version fetched back, the champion of continual retraining)
     is the system its policy is: queries through it, documents from its frozen document encoder's
     corpus-embedding artifact, which mining already built, instead of encoding the corpus again."""
-    from pgrank.models.hub import model_name_of, read_checkpoint_meta, resolve_model
+    from pgrank.models.hub import document_encoder_of, read_checkpoint_meta, resolve_model
 
     ref = resolve_model(name, params.models)
     meta = read_checkpoint_meta(ref.local_dir) if ref.local_dir is not None else {}
-    documents = meta.get("document_encoder") if meta.get("tower") == "query" else None
-    if not documents:
+    documents = document_encoder_of(meta)
+    if documents is None:
         return DenseSystem(name, name, name)
-    return DenseSystem(name, name, model_name_of(documents), meta.get("similarity", "dot"))
+    return DenseSystem(name, name, documents, meta.get("similarity", "dot"))
 
 
 def _normalize(x: np.ndarray) -> np.ndarray:
