@@ -5,7 +5,8 @@
   1000 candidates.
 * First stage: :func:`pgrank.retrieval.dense.exact_search.dense_search` (streaming FAISS ``IndexFlatIP`` over the shards,
   deterministic tie order) against a plain ``torch`` matmul + top-k on the same float32 embeddings
-  held in memory, as one ratio (target: FAISS path no slower, ratio >= 1).
+  held in memory, as one ratio (target: FAISS path no slower, ratio >= 1). ``bench/search.py`` compares the
+  two backends of ``dense_search`` (``search.backend``: torch, faiss) side by side.
 
 Prints; asserts nothing. Usage: ``python bench/evaluation.py [--docs 100000] [--queries 300]``.
 """
@@ -71,9 +72,9 @@ def main() -> None:
         # first stage: FAISS (streaming, exact) vs torch matmul + topk on the same float32 matrix
         full = np.concatenate([emb.shard(i) for i in range(emb.num_shards)]).astype(np.float32)
         ranks = id_ranks(doc_ids)
-        dense_search(queries[:4], emb.blocks(), ranks, args.k)  # warm-up
+        dense_search(queries[:4], emb.blocks(), ranks, args.k, backend="faiss")  # warm-up
         start = time.perf_counter()
-        dense_search(queries, emb.blocks(), ranks, args.k)
+        dense_search(queries, emb.blocks(), ranks, args.k, backend="faiss")
         t_faiss = time.perf_counter() - start
         d, q = torch.from_numpy(full), torch.from_numpy(queries)
         (q[:4] @ d.T).topk(args.k, dim=1)

@@ -75,6 +75,10 @@ class ModelsConfig(_Section):
 
     aliases: dict[str, str] = Field(default_factory=dict)
     offline: dict[str, OfflineModel] = Field(default_factory=dict)
+    backend: Literal["auto", "torch", "torch-bf16", "onnx", "onnx-int8"] = Field(
+        default="auto", description="how models run forward outside training (pgrank.models.backends); auto: by device and CPU")
+    backends: dict[str, Literal["auto", "torch", "torch-bf16", "onnx", "onnx-int8"]] = Field(
+        default_factory=dict, description="per model (alias or hub id), overriding backend")
 
 
 class TrackingConfig(_Section):
@@ -355,6 +359,18 @@ class ChampionConfig(_Section):
         return v
 
 
+class SearchConfig(_Section):
+    """First-stage dense search (:func:`pgrank.retrieval.dense.exact_search.dense_search`), for mining and evaluation."""
+
+    backend: Literal["auto", "torch", "faiss"] = Field(
+        default="auto", description="auto: FAISS where it sees a GPU, else torch (faster on CPU); both exact with index Flat")
+    index: str = Field(
+        default="Flat", min_length=1,
+        description="FAISS index_factory string: Flat is exact; e.g. IVF4096,Flat or HNSW32 is approximate (FAISS, whole corpus in memory)")
+    nprobe: PositiveInt = Field(default=64, description="inverted lists visited per query by an IVF index")
+    ef_search: PositiveInt = Field(default=128, description="search depth (efSearch) of an HNSW index")
+
+
 class Params(_Section):
     """The whole ``params.yaml``."""
 
@@ -367,6 +383,7 @@ class Params(_Section):
     evaluate: EvaluateConfig
     tables: TablesConfig = TablesConfig()
     champion: ChampionConfig = ChampionConfig()
+    search: SearchConfig = SearchConfig()
 
 
 # --------------------------------------------------------------------------------------- loading

@@ -129,6 +129,11 @@ class Paths:
     def corpus_embeddings(self, model: str, max_seq_length: int, corpus_sha256: str) -> Path:
         return self.embeddings / f"{slug(model)}--L{max_seq_length}--{corpus_sha256[:16]}"
 
+    def model_export(self, model: str, backend: str, key: str) -> Path:
+        """A model exported for an inference backend (:mod:`pgrank.models.backends`); ``key``: the digest of
+        what the export depends on (weights, backend, instruction set, exporter versions)."""
+        return self.embeddings / "exports" / f"{slug(model)}--{backend}--{key}"
+
     def sparse_corpus(self, model: str, max_seq_length: int, corpus_sha256: str) -> Path:
         """A learned-sparse model's corpus matrix, keyed like :meth:`corpus_embeddings`."""
         return self.embeddings / f"{slug(model)}--L{max_seq_length}--{corpus_sha256[:16]}--sparse"

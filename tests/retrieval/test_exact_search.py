@@ -1,12 +1,19 @@
-"""pgrank.retrieval.dense.exact_search: one total order (score desc, id asc), and streamed FAISS search equal to brute force."""
+"""pgrank.retrieval.dense.exact_search: one total order (score desc, id asc), streamed search equal to brute force
+with either backend (torch, FAISS), and approximate FAISS indexes in the same order."""
 
 from __future__ import annotations
+
+import warnings
 
 import numpy as np
 import pytest
 
 from pgrank.data.runs import from_order_keys, id_ranks, order_keys, top_k
-from pgrank.retrieval.dense.exact_search import dense_search, gpu_available
+from pgrank.errors import PgrankError
+from pgrank.retrieval.dense import exact_search
+from pgrank.retrieval.dense.exact_search import auto_backend, dense_search, gpu_available, resolve_backend
+
+BACKENDS = ["torch", "faiss"]
 
 
 def brute_force(queries, corpus, doc_ids, k):
@@ -70,9 +77,10 @@ def test_top_k_ignores_padding():
     assert r.tolist() == [[0, 1]]
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("block", [7, 16, 200])
 @pytest.mark.parametrize("k", [1, 5, 60])
-def test_streamed_search_equals_brute_force_with_ties(block, k):
+def test_streamed_search_equals_brute_force_with_ties(block, k, backend):
     rng = np.random.default_rng(0)
     corpus = rng.normal(size=(50, 8)).astype(np.float32)
     corpus[10:20] = corpus[3]  # duplicate documents: tied scores across and within blocks
@@ -81,15 +89,17 @@ def test_streamed_search_equals_brute_force_with_ties(block, k):
     queries = rng.normal(size=(6, 8)).astype(np.float32)
     queries[5] = 0  # every score ties at zero
     want_s, want_r = brute_force(queries, corpus, doc_ids, k)
-    got_s, got_r = dense_search(queries, blocks_of(corpus, block), id_ranks(doc_ids), k, use_gpu=False)
+    got_s, got_r = dense_search(queries, blocks_of(corpus, block), id_ranks(doc_ids), k, backend=backend, use_gpu=False)
     assert got_r.tolist() == want_r.tolist()
     np.testing.assert_allclose(got_s, want_s, rtol=1e-5, atol=1e-5)
 
 
-def test_many_ties_at_the_cut_off_within_one_block():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_many_ties_at_the_cut_off_within_one_block(backend):
     corpus = np.ones((300, 4), dtype=np.float32)
     doc_ids = [f"d{i:03d}" for i in range(300)][::-1]
-    s, r = dense_search(np.ones((2, 4), np.float32), blocks_of(corpus, 300), id_ranks(doc_ids), 10, use_gpu=False)
+    s, r = dense_search(np.ones((2, 4), np.float32), blocks_of(corpus, 300), id_ranks(doc_ids), 10, backend=backend,
+                        use_gpu=False)
     assert [doc_ids[i] for i in r[0]] == [f"d{i:03d}" for i in range(10)]
 
 
@@ -104,3 +114,124 @@ def test_gpu_search_agrees_with_cpu():
     cpu = dense_search(queries, blocks_of(corpus, 1024), ranks, 100, use_gpu=False)
     gpu = dense_search(queries, blocks_of(corpus, 1024), ranks, 100, use_gpu=True)
     assert (cpu[1] == gpu[1]).mean() > 0.99
+
+
+def integer_corpus(rng, n, dim=16):
+    """Small-integer vectors: every dot product is exact in float32 whatever the summation order, so every
+    backend and the brute force compute bitwise the same scores, with many ties (duplicates included)."""
+    corpus = rng.integers(-2, 3, size=(n, dim)).astype(np.float32)
+    corpus[n // 4 : n // 4 + 12] = corpus[1]  # duplicated documents, tied in every row
+    return corpus
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(("n", "block", "k"), [(400, 64, 30), (400, 400, 30), (90, 16, 40), (60, 25, 100), (10, 3, 1)])
+def test_exact_backends_equal_the_brute_force_bitwise_with_ties_at_the_cut_off(backend, n, block, k):
+    rng = np.random.default_rng(n + block + k)
+    corpus = integer_corpus(rng, n)
+    queries = rng.integers(-2, 3, size=(25, 16)).astype(np.float32)
+    queries[0] = 0  # every score ties at zero
+    queries[1] = corpus[1]
+    doc_ids = [f"doc{(i * 7919) % n:04d}" for i in range(n)]  # id order differs from row order
+    want_s, want_r = brute_force(queries, corpus, doc_ids, k)
+    got_s, got_r = dense_search(queries, blocks_of(corpus, block), id_ranks(doc_ids), k, backend=backend, use_gpu=False)
+    assert got_s.shape == (25, min(k, n)) and got_s.dtype == np.float32
+    assert got_r.tolist() == want_r.tolist()
+    np.testing.assert_array_equal(got_s, want_s)
+    if k < n:  # in some rows at least, the cut-off falls inside a tie: documents tied with the k-th are left out
+        kth = want_s[:, -1:]
+        assert ((queries @ corpus.T == kth).sum(1) > (want_s == kth).sum(1)).any()
+
+
+def test_torch_and_faiss_backends_give_the_same_rows_and_scores():
+    rng = np.random.default_rng(3)
+    corpus = rng.normal(size=(2000, 64)).astype(np.float32)
+    corpus /= np.linalg.norm(corpus, axis=1, keepdims=True)
+    queries = rng.normal(size=(40, 64)).astype(np.float32)
+    ranks = id_ranks([f"d{i}" for i in range(2000)])
+    torch_s, torch_r = dense_search(queries, blocks_of(corpus, 512), ranks, 50, backend="torch")
+    faiss_s, faiss_r = dense_search(queries, blocks_of(corpus, 512), ranks, 50, backend="faiss", use_gpu=False)
+    np.testing.assert_array_equal(torch_r, faiss_r)
+    np.testing.assert_allclose(torch_s, faiss_s, rtol=0, atol=1e-6)  # BLAS libraries may round the last bit apart
+    # with exact arithmetic (small integers), bitwise the same scores, ties at the cut-off included
+    corpus, queries = integer_corpus(rng, 300), rng.integers(-2, 3, size=(40, 16)).astype(np.float32)
+    ranks = id_ranks([f"d{i}" for i in range(300)][::-1])
+    torch_s, torch_r = dense_search(queries, blocks_of(corpus, 128), ranks, 20, backend="torch")
+    faiss_s, faiss_r = dense_search(queries, blocks_of(corpus, 128), ranks, 20, backend="faiss", use_gpu=False)
+    np.testing.assert_array_equal(torch_r, faiss_r)
+    np.testing.assert_array_equal(torch_s, faiss_s)
+
+
+def test_torch_backend_bounds_the_score_matrix_by_chunks_of_queries(monkeypatch):
+    monkeypatch.setattr(exact_search, "SCORE_BYTES", 4 * 100 * 7)  # 7 queries per chunk of a 100-document block
+    rng = np.random.default_rng(4)
+    corpus, queries = integer_corpus(rng, 300), rng.integers(-2, 3, size=(30, 16)).astype(np.float32)
+    doc_ids = [f"d{i:03d}" for i in range(300)][::-1]
+    chunks = list(exact_search._torch_block(queries, corpus[:100], 5))
+    assert [c[0] for c in chunks] == [slice(lo, min(lo + 7, 30)) for lo in range(0, 30, 7)]
+    corpus.setflags(write=False)  # e.g. a memory map: read through a view, without a copy or a warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got_s, got_r = dense_search(queries, blocks_of(corpus, 100), id_ranks(doc_ids), 5, backend="torch")
+    want_s, want_r = brute_force(queries, corpus, doc_ids, 5)
+    assert got_r.tolist() == want_r.tolist()
+    np.testing.assert_array_equal(got_s, want_s)
+
+
+def test_auto_is_torch_on_cpu_and_faiss_with_a_gpu_or_an_approximate_index(monkeypatch):
+    if not gpu_available():
+        assert auto_backend() == "torch" and resolve_backend("auto") == "torch"
+    monkeypatch.setattr(exact_search, "gpu_available", lambda: True)
+    assert auto_backend() == "faiss" and resolve_backend("auto") == "faiss"
+    monkeypatch.setattr(exact_search, "gpu_available", lambda: False)
+    assert resolve_backend("auto") == "torch" and resolve_backend("faiss") == "faiss"
+    assert resolve_backend("auto", "HNSW32") == "faiss"
+
+
+def clustered(rng, n, dim=32, centers=16, latent=8):
+    """Unit vectors around ``centers`` means, varying in a ``latent``-dimensional subspace (as embeddings do)."""
+    means = rng.normal(size=(centers, dim)).astype(np.float32)
+    basis = rng.normal(size=(latent, dim)).astype(np.float32) / np.sqrt(latent)
+    x = means[rng.integers(centers, size=n)] + 0.5 * rng.normal(size=(n, latent)).astype(np.float32) @ basis
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+@pytest.mark.parametrize("index", ["HNSW32", "IVF16,Flat"])
+def test_approximate_index_keeps_the_run_order_with_high_recall(index):
+    rng = np.random.default_rng(5)
+    both = clustered(rng, 3040)
+    corpus, queries = both[:3000].copy(), both[3000:]
+    corpus[10:15] = corpus[2000]  # ties among what the index returns go to the smaller id
+    doc_ids = [f"d{(i * 13) % 3000:04d}" for i in range(3000)]
+    ranks = id_ranks(doc_ids)
+    k = 20
+    _, exact = dense_search(queries, blocks_of(corpus, 1000), ranks, k, backend="torch")
+    scores, rows = dense_search(queries, blocks_of(corpus, 1000), ranks, k, index=index, nprobe=4, ef_search=64)
+    assert rows.shape == (40, k) and (rows >= 0).all()
+    recall = np.mean([len(set(a) & set(b)) / k for a, b in zip(rows.tolist(), exact.tolist())])
+    assert recall >= 0.9
+    for s, r in zip(scores, rows):  # (score desc, id asc)
+        keys = [(-float(v), doc_ids[j]) for v, j in zip(s, r)]
+        assert keys == sorted(keys)
+    np.testing.assert_allclose(scores, np.take_along_axis(queries @ corpus.T, rows, 1), atol=1e-5)
+
+
+def test_approximate_index_smaller_corpus_than_k():
+    rng = np.random.default_rng(6)
+    corpus = clustered(rng, 50)
+    _, rows = dense_search(clustered(rng, 3), blocks_of(corpus, 16), id_ranks(range(50)), 80, index="HNSW32")
+    assert rows.shape == (3, 50) and sorted(rows[0].tolist()) == list(range(50))
+
+
+@pytest.mark.parametrize(("setting", "kwargs"), [
+    ("search.backend", {"backend": "numpy"}),
+    ("search.index", {"index": "bogus"}),
+    ("search.index", {"index": "PQ5"}),  # 8 dimensions are not a multiple of 5 sub-quantizers
+    ("search.index", {"index": "IVF64,Flat"}),  # 20 documents cannot train 64 lists
+    ("search.index", {"index": "HNSW32", "backend": "torch"}),  # torch is exact only
+])
+def test_bad_backend_or_index_names_the_setting(setting, kwargs):
+    corpus = np.random.default_rng(7).normal(size=(20, 8)).astype(np.float32)
+    with pytest.raises(PgrankError, match=f"^{setting}: ") as err:
+        dense_search(corpus[:2], blocks_of(corpus, 10), id_ranks(range(20)), 5, **kwargs)
+    assert "\n" not in str(err.value)

@@ -230,7 +230,7 @@ def _build(load_model, model_key, num_docs: int, texts, folder: Path, *, corpus_
         for i in todo:
             if model is None:
                 model = load_model()
-                devices = encoding_devices()
+                devices = encoding_devices() if hasattr(model, "start_multi_process_pool") else None
                 if devices:
                     home = model.device  # the pool moves the model to CPU; it goes back afterwards
                     pool = model.start_multi_process_pool(devices)
@@ -272,14 +272,18 @@ def model_corpus_embeddings(
         ref: a :class:`pgrank.models.hub.ModelRef`; ``models``: the ``models`` params section;
             ``paths``: :class:`pgrank.paths.Paths`.
         store: the dataset's corpus store (:func:`pgrank.data.corpus_store.open_corpus`).
-        load_model: returns the encoder (default: :func:`pgrank.models.hub.load_encoder` of ``ref``).
+        load_model: returns the encoder (default: ``ref`` under its inference backend,
+            :func:`pgrank.models.backends.load_inference_encoder`; the artifact is keyed by the backend).
     """
-    from pgrank.models.hub import load_encoder
+    from pgrank.models.backends import effective_backend, embedding_key, load_inference_encoder
 
     sha = store.sha256
-    folder = paths.corpus_embeddings(ref.key, max_seq_length, sha)
-    loader = load_model or (lambda: load_encoder(ref, models, max_seq_length=max_seq_length))
-    return build_corpus_embeddings(loader, ref.key, store, folder, corpus_sha256=sha,
+    backend = effective_backend(ref, models)
+    key = embedding_key(ref, backend)  # fp32 and bf16 / int8 embeddings are separate artifacts
+    folder = paths.corpus_embeddings(key, max_seq_length, sha)
+    loader = load_model or (lambda: load_inference_encoder(ref, models, paths, max_seq_length=max_seq_length,
+                                                           backend=backend)[0])
+    return build_corpus_embeddings(loader, key, store, folder, corpus_sha256=sha,
                                    max_seq_length=max_seq_length, batch_size=batch_size, chunk_size=chunk_size,
                                    show_progress=show_progress)
 

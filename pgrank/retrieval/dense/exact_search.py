@@ -1,25 +1,77 @@
-"""Exact maximum-inner-product search over a corpus-embedding artifact, in the run order.
+"""Maximum-inner-product search over a corpus-embedding artifact, in the run order (``params.search``).
 
-Dense retrieval streams the corpus-embedding shards through a FAISS exact inner-product index
-(``IndexFlatIP``), so that an 8.8M x 768 corpus never sits in memory at once: each block of shards is
-searched for the top k of every query, and the per-block winners are merged with the running top k in
-the one order of every run (score descending, then document id ascending; :func:`pgrank.data.runs.top_k`),
-with no dependence on FAISS's order among tied scores.
+Dense retrieval streams the corpus-embedding shards a block at a time, so that an 8.8M x 768 corpus
+never sits in memory at once: each block is searched for the top k of every query, and the per-block
+winners are merged with the running top k in the one order of every run (score descending, then
+document id ascending; :func:`pgrank.data.runs.top_k`), with no dependence on a library's order among
+tied scores. Two backends compute the same exact top k:
+
+* ``torch``: a float32 matmul + ``torch.topk`` on CPU, a chunk of queries at a time so that one score
+  matrix stays under :data:`SCORE_BYTES`. On a CPU it measured several times faster than FAISS's
+  ``IndexFlatIP`` (``python bench/search.py``).
+* ``faiss``: an exact ``IndexFlatIP`` per block, on all GPUs when faiss-gpu sees one.
+
+``auto`` (the default) is :func:`auto_backend`: FAISS where it sees a GPU, else torch. Both widen the
+rows whose k-th and (k+1)-th scores tie to every document tied with the k-th, so that the merge applies
+the id order to all of them: both give the rows and scores of a brute-force sort. Scores are bitwise
+equal where the arithmetic is exact; otherwise the BLAS libraries under torch and FAISS may round a
+score apart by its last bit, which can swap two documents whose scores differ by that much (about
+0.1% of the entries of a top 1000 over 100k random vectors; ``python bench/search.py``).
+
+An ``index`` other than ``"Flat"`` (a FAISS ``index_factory`` string, e.g. ``"HNSW32"``) is
+approximate search instead, always with FAISS: :mod:`pgrank.retrieval.dense.approximate_search`.
 
 Example:
     >>> scores, rows = dense_search(query_vectors, embeddings.blocks(), id_ranks(embeddings.doc_ids), k=10)
+    >>> scores, rows = dense_search(query_vectors, embeddings.blocks(), ranks, 10, backend="torch")
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+import warnings
+from collections.abc import Callable, Iterable, Iterator
+from functools import partial
 
 import numpy as np
 
 from pgrank.data.runs import top_k
+from pgrank.errors import PgrankError
 
 log = logging.getLogger(__name__)
+
+EXACT_INDEX = "Flat"  # search.index of exact search; any other index_factory string is approximate
+SCORE_BYTES = 256 * 2**20  # the torch backend's bound on one (queries x block) float32 score matrix
+
+# One block's search: (queries, block, k) -> (query rows, scores, block rows) for each chunk of queries.
+BlockSearch = Callable[[np.ndarray, np.ndarray, int], Iterator[tuple[slice, np.ndarray, np.ndarray]]]
+
+
+def gpu_available() -> bool:
+    """Whether FAISS was built with GPU support and sees a GPU."""
+    import faiss
+
+    return hasattr(faiss, "get_num_gpus") and faiss.get_num_gpus() > 0
+
+
+def auto_backend() -> str:
+    """``search.backend: auto``: ``"faiss"`` where FAISS sees a GPU, else ``"torch"`` (faster on CPU)."""
+    return "faiss" if gpu_available() else "torch"
+
+
+def _with_ties(scores: np.ndarray, rows: np.ndarray, k: int, tied: dict) -> tuple[np.ndarray, np.ndarray]:
+    """The top ``k`` columns, with the rows of ``tied`` (``{row: (scores, block rows)}``) replaced whole
+    by their top k and every document tied with the k-th; padding is ``(-inf, -1)``."""
+    scores, rows = scores[:, :k], rows[:, :k]
+    if not tied:
+        return scores, rows
+    pad = max(0, max(len(s) for s, _ in tied.values()) - k)
+    scores = np.pad(scores, ((0, 0), (0, pad)), constant_values=-np.inf)
+    rows = np.pad(rows, ((0, 0), (0, pad)), constant_values=-1)
+    for i, (s, r) in tied.items():
+        scores[i], rows[i] = -np.inf, -1
+        scores[i, : len(s)], rows[i, : len(r)] = s, r
+    return scores, rows
 
 
 def _new_index(dim: int, use_gpu: bool):
@@ -31,19 +83,12 @@ def _new_index(dim: int, use_gpu: bool):
     return index
 
 
-def gpu_available() -> bool:
-    """Whether FAISS was built with GPU support and sees a GPU."""
-    import faiss
-
-    return hasattr(faiss, "get_num_gpus") and faiss.get_num_gpus() > 0
-
-
-def _search_block(index, queries: np.ndarray, block: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Top ``k`` of one block, with FAISS's choice among scores tied at the cut-off undone.
+def _faiss_block(index, queries: np.ndarray, block: np.ndarray, k: int) -> Iterator[tuple[slice, np.ndarray, np.ndarray]]:
+    """Top ``k`` of one block for all queries at once, with FAISS's choice among scores tied at the cut-off undone.
 
     FAISS keeps an arbitrary subset of the documents tied at the k-th score. We ask for one more
     than needed; rows whose k-th and (k+1)-th scores tie are searched again with a deeper cut-off
-    until the tie ends inside the result, so the merge can apply the id order to all tied documents.
+    until the tie ends inside the result.
     """
     n = block.shape[0]
     index.reset()
@@ -51,16 +96,15 @@ def _search_block(index, queries: np.ndarray, block: np.ndarray, k: int) -> tupl
     depth = min(k + 1, n)
     scores, rows = index.search(queries, depth)
     if depth <= k:  # the block is smaller than k: everything is returned
-        return scores, rows
+        yield slice(None), scores, rows
+        return
     tied = np.flatnonzero(scores[:, k - 1] == scores[:, k])
-    scores, rows = scores[:, :k], rows[:, :k]
-    if not tied.size:
-        return scores, rows
-    # Deeper searches for the few tied rows, on CPU (GPU selection is capped at k=2048). A tied
-    # row is replaced whole, so that all its scores come from the same computation.
-    cpu = _new_index(block.shape[1], use_gpu=False)
-    cpu.add(block)
     deep_rows = {}
+    if tied.size:
+        # Deeper searches for the few tied rows, on CPU (GPU selection is capped at k=2048). A tied
+        # row is replaced whole, so that all its scores come from the same computation.
+        cpu = _new_index(block.shape[1], use_gpu=False)
+        cpu.add(block)
     for i in tied:
         deep = 2 * depth
         while True:
@@ -71,13 +115,72 @@ def _search_block(index, queries: np.ndarray, block: np.ndarray, k: int) -> tupl
             deep *= 2
         keep = s[0] >= s[0, k - 1]  # the top k and every document tied with the k-th
         deep_rows[i] = (s[0, keep], r[0, keep])
-    width = max(len(s) for s, _ in deep_rows.values())
-    scores = np.pad(scores, ((0, 0), (0, max(0, width - k))), constant_values=-np.inf)
-    rows = np.pad(rows, ((0, 0), (0, max(0, width - k))), constant_values=-1)
-    for i, (s, r) in deep_rows.items():
-        scores[i], rows[i] = -np.inf, -1
-        scores[i, : len(s)], rows[i, : len(r)] = s, r
-    return scores, rows
+    yield (slice(None), *_with_ties(scores, rows, k, deep_rows))
+
+
+def _tensor(x: np.ndarray):
+    """A torch view of ``x`` (no copy; read-only arrays, such as memory maps, are only ever read)."""
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(x)
+
+
+def _torch_block(queries: np.ndarray, block: np.ndarray, k: int) -> Iterator[tuple[slice, np.ndarray, np.ndarray]]:
+    """Top ``k`` of one block with a CPU matmul and ``torch.topk``, a chunk of queries at a time.
+
+    ``topk`` keeps k+1; a row whose k-th and (k+1)-th scores tie takes, from its full score row,
+    every document scoring at least the k-th.
+    """
+    import torch
+
+    n = block.shape[0]
+    docs = _tensor(block)
+    chunk = max(1, SCORE_BYTES // (4 * max(n, 1)))
+    for lo in range(0, len(queries), chunk):
+        hi = min(lo + chunk, len(queries))
+        scores = _tensor(queries[lo:hi]) @ docs.T  # (C, B)
+        if n <= k:  # the block is smaller than k: everything is returned
+            yield slice(lo, hi), scores.numpy(), np.broadcast_to(np.arange(n), scores.shape).copy()
+            continue
+        top_s, top_r = torch.topk(scores, k + 1, dim=1)  # sorted, best first
+        top_s, top_r = top_s.numpy(), top_r.numpy()
+        tied = {}
+        for i in np.flatnonzero(top_s[:, k - 1] == top_s[:, k]):
+            row = scores[int(i)]
+            keep = torch.nonzero(row >= float(top_s[i, k - 1])).squeeze(1)  # float32 -> float: exact
+            tied[i] = (row[keep].numpy(), keep.numpy())
+        yield (slice(lo, hi), *_with_ties(top_s, top_r, k, tied))
+
+
+def _faiss_exact(dim: int, use_gpu: bool | None) -> BlockSearch:
+    use_gpu = gpu_available() if use_gpu is None else use_gpu
+    return partial(_faiss_block, _new_index(dim, use_gpu))
+
+
+def _torch_exact(dim: int, use_gpu: bool | None) -> BlockSearch:
+    return _torch_block  # CPU: on a GPU, auto_backend picks FAISS
+
+
+# search.backend -> (query dimension, use_gpu) -> the search of one block
+EXACT_BACKENDS: dict[str, Callable[[int, bool | None], BlockSearch]] = {"torch": _torch_exact, "faiss": _faiss_exact}
+
+
+def resolve_backend(backend: str, index: str = EXACT_INDEX) -> str:
+    """The backend that runs ``search.backend`` / ``search.index``: ``"torch"`` or ``"faiss"``.
+
+    Raises:
+        PgrankError: an unknown backend, or an approximate index with the (exact) torch backend.
+    """
+    if backend != "auto" and backend not in EXACT_BACKENDS:
+        raise PgrankError(f"search.backend: unknown {backend!r} (expected auto, {' or '.join(EXACT_BACKENDS)})")
+    if index != EXACT_INDEX:
+        if backend == "torch":
+            raise PgrankError(f"search.index: {index!r} is an approximate FAISS index, but search.backend is torch "
+                              f"(exact only); set search.backend to faiss or auto, or search.index to {EXACT_INDEX}")
+        return "faiss"
+    return auto_backend() if backend == "auto" else backend
 
 
 def dense_search(
@@ -86,32 +189,55 @@ def dense_search(
     ranks: np.ndarray,
     k: int,
     *,
+    backend: str = "auto",
     use_gpu: bool | None = None,
+    index: str = EXACT_INDEX,
+    nprobe: int = 64,
+    ef_search: int = 128,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Exact maximum-inner-product top ``k`` over a corpus given as a stream of blocks.
+    """Maximum-inner-product top ``k`` over a corpus given as a stream of blocks: exact unless ``index`` says otherwise.
 
     Args:
         queries: ``(Q, D)`` float32 query embeddings.
         blocks: ``(start_row, (B, D) float32 block)`` pairs covering the corpus in row order, e.g.
-            :meth:`pgrank.retrieval.dense.corpus_embeddings.CorpusEmbeddings.blocks`. Only one block is in memory at once.
+            :meth:`pgrank.retrieval.dense.corpus_embeddings.CorpusEmbeddings.blocks`. Only one block is in memory at
+            once (exact search).
         ranks: ``(N,)`` :func:`id_ranks` of the corpus (ties go to the smaller document id).
         k: documents per query.
-        use_gpu: search on all GPUs with faiss-gpu; ``None``: when FAISS sees a GPU.
+        backend: ``"torch"``, ``"faiss"`` or ``"auto"`` (:func:`auto_backend`); see the module docstring.
+        use_gpu: the FAISS backend on all GPUs with faiss-gpu; ``None``: when FAISS sees a GPU.
+        index: ``"Flat"`` (exact) or a FAISS ``index_factory`` string of an approximate index, e.g.
+            ``"IVF4096,Flat"``, ``"HNSW32"`` (:func:`pgrank.retrieval.dense.approximate_search.approximate_search`).
+        nprobe: inverted lists visited per query by an IVF index.
+        ef_search: search depth of an HNSW index.
 
     Returns:
-        ``(scores, rows)``, each ``(Q, min(k, N))``, best first; rows index the corpus.
+        ``(scores, rows)``, each ``(Q, min(k, N))``, best first; rows index the corpus. Exact search
+        gives the rows of a brute-force sort by (score descending, id ascending) with either backend.
+
+    Raises:
+        PgrankError: a bad ``backend`` or ``index`` (the message names the ``search`` setting).
     """
     queries = np.ascontiguousarray(queries, dtype=np.float32)
-    use_gpu = gpu_available() if use_gpu is None else use_gpu
-    index = _new_index(queries.shape[1], use_gpu)
+    chosen = resolve_backend(backend, index)
+    if index != EXACT_INDEX:
+        from pgrank.retrieval.dense.approximate_search import approximate_search
+
+        return approximate_search(queries, blocks, ranks, k, index=index, nprobe=nprobe, ef_search=ef_search)
+    search_block = EXACT_BACKENDS[chosen](queries.shape[1], use_gpu)
     best_s = np.full((len(queries), 0), -np.inf, dtype=np.float32)
     best_r = np.full((len(queries), 0), -1, dtype=np.int64)
     for start, block in blocks:
         block = np.ascontiguousarray(block, dtype=np.float32)
         if block.shape[1] != queries.shape[1]:
             raise ValueError(f"query dimension {queries.shape[1]} != corpus dimension {block.shape[1]}")
-        s, r = _search_block(index, queries, block, k)
-        r = np.where(r >= 0, r + start, -1)
-        best_s, best_r = top_k(np.concatenate([best_s, s], 1), np.concatenate([best_r, r], 1), ranks, k)
+        merged_s, merged_r = [], []
+        for at, s, r in search_block(queries, block, k):
+            r = np.where(r >= 0, r + start, -1)
+            s, r = top_k(np.concatenate([best_s[at], s], 1), np.concatenate([best_r[at], r], 1), ranks, k)
+            merged_s.append(s)
+            merged_r.append(r)
+        if merged_s:  # every chunk has the same width, min(k, documents so far): the merge cuts tied rows back to k
+            best_s, best_r = np.concatenate(merged_s), np.concatenate(merged_r)
     n = min(k, len(ranks))
     return best_s[:, :n], best_r[:, :n]

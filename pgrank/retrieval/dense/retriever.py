@@ -90,13 +90,14 @@ class DenseRetriever:
     def __init__(self, params: Params, paths: Paths, system: DenseSystem, dataset: str, *,
                  max_seq_length: int, batch_size: int, progress: bool = False, candidates: np.ndarray | None = None):
         from pgrank.data.corpus_store import open_corpus
+        from pgrank.models.backends import effective_backend, embedding_key
         from pgrank.models.hub import resolve_model
         from pgrank.retrieval.dense.corpus_embeddings import (
             SubsetEmbeddings,
             model_corpus_embeddings,
         )
 
-        self.params, self.system = params, system
+        self.params, self.paths, self.system = params, paths, system
         self.max_seq_length, self.batch_size, self.progress = max_seq_length, batch_size, progress
         self._query_model = None
         # Models are resolved (offline copy found, safetensors only, checksum) before the corpus store is
@@ -106,7 +107,8 @@ class DenseRetriever:
             resolve_model(system.query_model, params.models)
         self.store = open_corpus(paths, dataset, progress=progress)
         self.doc_ids = self.store.ids
-        artifact = paths.corpus_embeddings(document_ref.key, max_seq_length, self.store.sha256)
+        artifact = paths.corpus_embeddings(embedding_key(document_ref, effective_backend(document_ref, params.models)),
+                                           max_seq_length, self.store.sha256)
         if candidates is not None and not (artifact / "meta.json").is_file():
             self.emb = SubsetEmbeddings(self._document_model(), self.store, candidates, paths.embeddings,
                                         batch_size=batch_size, chunk_size=params.mine.chunk_size, show_progress=progress)
@@ -121,19 +123,22 @@ class DenseRetriever:
         return self.system.query_model == self.system.document_model
 
     def _model(self):
-        """The query model, loaded on first use (kept on the instance: a retriever and its models go together)."""
-        from pgrank.models.hub import load_encoder
+        """The query model under its inference backend (:mod:`pgrank.models.backends`), loaded on first use
+        (kept on the instance: a retriever and its models go together)."""
+        from pgrank.models.backends import load_inference_encoder
 
         if self._query_model is None:
-            self._query_model = load_encoder(self.system.query_model, self.params.models, max_seq_length=self.max_seq_length)
+            self._query_model, _ = load_inference_encoder(self.system.query_model, self.params.models, self.paths,
+                                                          max_seq_length=self.max_seq_length)
         return self._query_model
 
     def _document_model(self):
-        from pgrank.models.hub import load_encoder
+        from pgrank.models.backends import load_inference_encoder
 
         if self._same_model:
             return self._model()
-        return load_encoder(self.system.document_model, self.params.models, max_seq_length=self.max_seq_length)
+        return load_inference_encoder(self.system.document_model, self.params.models, self.paths,
+                                      max_seq_length=self.max_seq_length)[0]
 
     def rows(self, doc_ids: Sequence[str]) -> np.ndarray:
         return self.store.rows(doc_ids)
@@ -147,12 +152,16 @@ class DenseRetriever:
         return _normalize(vecs) if self.system.similarity == "cosine" else vecs
 
     def search(self, encoded: np.ndarray, k: int, *, block_rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The top ``k`` of the corpus for each encoded query, as ``params.search`` says (exact unless its index is
+        approximate; :func:`pgrank.retrieval.dense.exact_search.dense_search`)."""
         from pgrank.retrieval.dense.exact_search import dense_search
 
         blocks = self.emb.blocks(block_rows)
         if self.system.similarity == "cosine":
             blocks = ((start, _normalize(b)) for start, b in blocks)
-        return dense_search(encoded, blocks, self.store.id_ranks, k)
+        cfg = self.params.search
+        return dense_search(encoded, blocks, self.store.id_ranks, k, backend=cfg.backend, index=cfg.index,
+                            nprobe=cfg.nprobe, ef_search=cfg.ef_search)
 
     def score(self, encoded: np.ndarray, query_rows: np.ndarray, doc_rows: np.ndarray) -> np.ndarray:
         docs = self.emb.vectors(doc_rows)

@@ -1,0 +1,95 @@
+"""Benchmark: inference backends side by side: encoding throughput, and nDCG@10 against torch fp32.
+
+1. Throughput: the first ``--docs`` SciFact passages (``(title + " " + text).strip()``, 256 tokens) encoded
+   by each backend in one process, best of ``--repeats``, after one warm-up batch; docs/s and the ratio
+   to torch fp32. ``auto`` is what :func:`pgrank.models.backends.auto_backend` picks on this machine.
+2. Quality guard (:func:`pgrank.evaluation.backend_quality.compare_backends`): each backend encodes the
+   whole SciFact and NFCorpus corpora into its own artifact and is evaluated first stage; nDCG@10 and
+   the difference to torch fp32 against the bounds (0.005; onnx-int8 0.01).
+
+Prints; asserts nothing. The datasets come from ``$PGRANK_BEIR_MIRROR`` (or BEIR's server). Usage::
+
+    PGRANK_BEIR_MIRROR=../shared/data/beir python bench/backends.py --work /tmp/backends
+    python bench/backends.py --work /tmp/backends --skip-quality --docs 1000
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+ALL = ["torch", "torch-bf16", "onnx", "onnx-int8"]
+
+
+def throughput(params, paths, model: str, texts: list[str], backends: list[str], repeats: int, batch: int) -> dict:
+    from pgrank.models.backends import load_inference_encoder
+
+    rates = {}
+    for backend in backends:
+        encoder, _ = load_inference_encoder(model, params.models, paths, max_seq_length=256, backend=backend)
+        encoder.encode_document(texts[:batch], batch_size=batch)  # warm-up (and oneDNN's kernel choice)
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            encoder.encode_document(texts, batch_size=batch)
+            best = min(best, time.perf_counter() - start)
+        rates[backend] = len(texts) / best
+        print(f"  {backend:<11} {rates[backend]:7.1f} docs/s  x{rates[backend] / rates[backends[0]]:.2f}", flush=True)
+    return rates
+
+
+def main() -> None:
+    import torch
+
+    from pgrank.config import load_params
+    from pgrank.data.corpus_store import open_corpus
+    from pgrank.data.download import download
+    from pgrank.evaluation.backend_quality import BOUNDS, compare_backends
+    from pgrank.models.backends import auto_backend, cpu_flags, int8_isa
+    from pgrank.paths import Paths
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--work", type=Path, required=True, help="folder for datasets, embeddings and results (kept)")
+    ap.add_argument("--model", default="minilm")
+    ap.add_argument("--backends", nargs="+", default=ALL, choices=ALL)
+    ap.add_argument("--docs", type=int, default=1000)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--eval-sets", nargs="+", default=["scifact/test", "nfcorpus/test"])
+    ap.add_argument("--skip-quality", action="store_true")
+    args = ap.parse_args()
+
+    root = Path(__file__).resolve().parents[1]
+    params = load_params(root / "params.yaml", profile="demo",
+                         overrides=[f"paths.root={args.work}/runs", f"paths.data={args.work}/data",
+                                    f"paths.embeddings={args.work}/embeddings", f"evaluate.batch_size={args.batch_size}"])
+    paths = Paths.from_config(params.paths, root)
+    datasets = sorted({s.partition("/")[0] for s in args.eval_sets} | {"scifact"})
+    download(params, paths, datasets, config_dir=root, progress=False)
+    flags = cpu_flags()
+    print(f"CPU: {torch.get_num_threads()} threads, amx_bf16={'amx_bf16' in flags}, "
+          f"avx512_vnni={'avx512_vnni' in flags}; int8 for {int8_isa(flags)}; auto -> {auto_backend('cpu', flags)}")
+
+    store = open_corpus(paths, "scifact")
+    _, texts = next(store.text_blocks(0, min(args.docs, len(store)), block=args.docs))
+    print(f"throughput: {len(texts)} SciFact passages, 256 tokens, batch {args.batch_size}, best of {args.repeats}")
+    throughput(params, paths, args.model, texts, args.backends, args.repeats, args.batch_size)
+    if args.skip_quality:
+        return
+    print("quality: first-stage nDCG@10, whole corpora, against torch fp32")
+    rows = compare_backends(params, paths, args.model, args.eval_sets, args.backends)
+    base = {r.eval_set: r.ndcg_at_10 for r in rows if r.backend == "torch"}
+    print("| backend | eval set | nDCG@10 | vs torch | bound | corpus docs/s |\n|---|---|---:|---:|---:|---:|")
+    for r in rows:
+        delta = r.ndcg_at_10 - base[r.eval_set] if r.eval_set in base else float("nan")
+        rate = f"{r.docs_per_second:.1f}" if r.docs_per_second else "(cached)"
+        ok = "ok" if abs(delta) <= BOUNDS[r.backend] + 1e-12 else "MISSED"
+        print(f"| {r.backend} | {r.eval_set} | {r.ndcg_at_10:.4f} | {delta:+.4f} | {BOUNDS[r.backend]} {ok} | {rate} |")
+
+
+if __name__ == "__main__":
+    main()

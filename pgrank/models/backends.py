@@ -1,0 +1,346 @@
+"""Inference backends: how a sentence-transformers model runs forward when no gradient is needed.
+
+Mining, the frozen document tower, and the evaluation of baselines and policies only run models
+forward; on a CPU, how they run decides most of a cold run's time. Backends (``models.backend``, per
+model ``models.backends``):
+
+``torch``       sentence-transformers as is, fp32 (the reference).
+``torch-bf16``  the same under ``torch.autocast(bfloat16)``: on CPUs with AMX-BF16 (Sapphire Rapids and
+                later) oneDNN runs the matrix products on AMX tiles.
+``onnx``        the whole pipeline (transformer, pooling, normalization) exported with ``torch.onnx`` and
+                run by ONNX Runtime, fp32.
+``onnx-int8``   that graph with ONNX Runtime's dynamic int8 quantization of its MatMul weights, per
+                channel; without AVX512-VNNI the weights use 7 bits (``reduce_range``, ONNX Runtime's
+                advice for non-VNNI CPUs). The instruction set is detected at run time and is part of the
+                export's key.
+``auto``        ``torch`` on CUDA; on a CPU, the backend measured fastest for it within the quality bounds
+                (:func:`auto_backend`). A model whose pipeline does not export (a ``Router``, a static
+                embedding, prompts excluded from pooling) runs ``torch``.
+
+sentence-transformers' own ``backend="onnx"`` needs ``optimum-onnx``, whose releases pin
+``transformers<4.58`` while sentence-transformers 6 needs ``transformers>=5``; so the export here uses
+``torch.onnx`` and ``onnxruntime.quantization`` directly. An export is an artifact like corpus
+embeddings (:meth:`pgrank.paths.Paths.model_export`): built once per (model weights, backend,
+instruction set, exporter versions), under a lock, into a folder renamed into place, with the SHA-256
+of every file in its ``meta.json``, verified on every load (a mismatch exports again).
+
+Example:
+    >>> encoder, backend = load_inference_encoder("minilm", params.models, paths, max_seq_length=256)
+    >>> encoder.encode_document(["a passage"], batch_size=32).shape
+    (1, 384)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from pgrank.atomic import atomic_path, exclusive, lock_file, write_json
+from pgrank.data.checksums import file_sha256
+from pgrank.errors import PgrankError
+
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
+
+    from pgrank.config import ModelsConfig
+    from pgrank.models.hub import ModelRef
+    from pgrank.paths import Paths
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("torch", "torch-bf16", "onnx", "onnx-int8")
+FORMAT = "pgrank-onnx-export/1"
+_EXPORTABLE = {"Transformer", "Pooling", "Normalize", "Dense"}  # sentence-transformers module classes
+_OUTPUT = "sentence_embedding"
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags from ``/proc/cpuinfo`` (empty where there is none)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.partition(":")[2].split())
+    return frozenset()
+
+
+def int8_isa(flags: frozenset[str] | None = None) -> str:
+    """The instruction set int8 weights are quantized for: ``avx512_vnni`` (8-bit weights) or ``avx2`` (7-bit)."""
+    flags = cpu_flags() if flags is None else flags
+    return "avx512_vnni" if "avx512_vnni" in flags or "amx_int8" in flags else "avx2"
+
+
+def auto_backend(device: str | None = None, flags: frozenset[str] | None = None) -> str:
+    """The measured rule behind ``auto`` (README, benchmark section): ``torch`` on CUDA; ``torch-bf16`` on a
+    CPU with AMX-BF16 (2.7x torch fp32 for MiniLM, nDCG@10 within 0.005); ``onnx-int8`` on other CPUs."""
+    import torch
+
+    if (device or "").startswith("cuda") or (device is None and torch.cuda.is_available()):
+        return "torch"
+    flags = cpu_flags() if flags is None else flags
+    return "torch-bf16" if "amx_bf16" in flags else "onnx-int8"
+
+
+def requested_backend(ref: "ModelRef", models: "ModelsConfig") -> str:
+    """What ``params.yaml`` asks for this model: ``models.backends`` by name or hub id, else ``models.backend``."""
+    return models.backends.get(ref.name) or models.backends.get(ref.hub_id) or models.backend
+
+
+def _module_types(ref: "ModelRef") -> list[str] | None:
+    """The class names of the model's sentence-transformers modules (``modules.json``), or None if unknown."""
+    if ref.local_dir is not None:
+        path = ref.local_dir / "modules.json"
+    else:
+        try:
+            from huggingface_hub import hf_hub_download
+
+            path = Path(hf_hub_download(ref.hub_id, "modules.json"))
+        except Exception:  # noqa: BLE001 - offline or not a sentence-transformers repo: decided at load time
+            return None
+    if not path.is_file():
+        return None
+    return [m.get("type", "").rsplit(".", 1)[-1] for m in json.loads(path.read_text(encoding="utf-8"))]
+
+
+def exports(ref: "ModelRef") -> bool:
+    """Whether the model's pipeline is one ONNX graph can hold (transformer, pooling, dense, normalize)."""
+    types = _module_types(ref)
+    return bool(types) and types[0] == "Transformer" and set(types) <= _EXPORTABLE
+
+
+def effective_backend(ref: "ModelRef", models: "ModelsConfig", device: str | None = None) -> str:
+    """The backend a model runs with: ``auto`` resolved (:func:`auto_backend`), ONNX only where it exports.
+
+    Raises:
+        PgrankError: an ONNX backend asked for by name for a model that does not export.
+    """
+    backend = requested_backend(ref, models)
+    if backend == "auto":
+        backend = auto_backend(device)
+        if backend.startswith("onnx") and not exports(ref):
+            return "torch"
+        return backend
+    if backend.startswith("onnx") and not exports(ref):
+        raise PgrankError(f"params.yaml: models.backend{'s.' + ref.name if ref.name in models.backends else ''} = {backend!r}: "
+                          f"{ref.name} does not export to ONNX (modules other than {sorted(_EXPORTABLE)}); use torch")
+    return backend
+
+
+def embedding_key(ref: "ModelRef", backend: str) -> str:
+    """The key of a model's corpus embeddings under a backend: fp32 torch keeps the model's own key, every other
+    backend (and int8 per instruction set) gets its own artifact, so embeddings of two backends never mix."""
+    if backend == "torch":
+        return ref.key
+    return f"{ref.key}+{backend}" + (f"-{int8_isa()}" if backend == "onnx-int8" else "")
+
+
+def _export_key(ref: "ModelRef", backend: str) -> dict:
+    import onnxruntime
+    import torch
+
+    return {"model": ref.key, "backend": backend, "isa": int8_isa() if backend == "onnx-int8" else None,
+            "torch": torch.__version__, "onnxruntime": onnxruntime.__version__, "format": FORMAT}
+
+
+def _tree_digest(folder: Path) -> dict[str, str]:
+    return {p.relative_to(folder).as_posix(): file_sha256(p)
+            for p in sorted(folder.rglob("*")) if p.is_file() and p.name != "meta.json"}
+
+
+def _features(model: "SentenceTransformer", texts: list[str]) -> dict:
+    """Tokenized ``texts`` as the model tokenizes them (``preprocess`` in sentence-transformers >= 6)."""
+    return (model.preprocess if hasattr(model, "preprocess") else model.tokenize)(texts)
+
+
+def _input_names(model: "SentenceTransformer") -> list[str]:
+    features = _features(model, ["a"])
+    return [k for k in ("input_ids", "attention_mask", "token_type_ids") if k in features]
+
+
+def _export(model: "SentenceTransformer", key: dict, folder: Path) -> None:
+    """Export ``model`` (fp32, CPU) to ``folder/model.onnx`` (and its int8 ``model-int8.onnx``), meta.json last."""
+    import torch
+
+    names = _input_names(model)
+
+    class Pipeline(torch.nn.Module):
+        def __init__(self, st):
+            super().__init__()
+            self.st = st
+
+        def forward(self, *inputs):
+            return self.st(dict(zip(names, inputs)))[_OUTPUT]
+
+    example = _features(model, ["an example passage to trace", "a second one"])
+    args = tuple(example[n] for n in names)
+    axes = {n: {0: "batch", 1: "sequence"} for n in names} | {_OUTPUT: {0: "batch"}}
+    graph = folder / "model.onnx"
+    with warnings_quiet():
+        torch.onnx.export(Pipeline(model).eval(), args, str(graph), input_names=names, output_names=[_OUTPUT],
+                          dynamic_axes=axes, opset_version=17, dynamo=False)
+    file = graph.name
+    if key["backend"] == "onnx-int8":
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        quantize_dynamic(str(graph), str(folder / "model-int8.onnx"), weight_type=QuantType.QInt8,
+                         op_types_to_quantize=["MatMul"], per_channel=True, reduce_range=key["isa"] != "avx512_vnni",
+                         extra_options={"DefaultTensorType": 1})  # 1: float, for outputs shape inference cannot type
+        graph.unlink()
+        file = "model-int8.onnx"
+    write_json(folder / "meta.json", dict(key, file=file, inputs=names, sha256=_tree_digest(folder)))
+
+
+@contextlib.contextmanager
+def warnings_quiet():
+    """The tracer's warnings about Python control flow in the traced model (shapes are dynamic axes)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+def _verified(folder: Path, key: dict) -> dict | None:
+    """The export's meta.json if it is complete, for ``key``, and every file matches its SHA-256."""
+    meta_path = folder / "meta.json"
+    if not meta_path.is_file():
+        return None
+    meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    if any(meta.get(k) != v for k, v in key.items()):
+        return None
+    if _tree_digest(folder) != meta.get("sha256"):
+        log.warning("%s: an exported file does not match its SHA-256 in meta.json; exporting again", folder)
+        return None
+    return meta
+
+
+def onnx_export(model: "SentenceTransformer", ref: "ModelRef", backend: str, paths: "Paths") -> tuple[Path, dict]:
+    """The verified export of ``model`` for ``backend`` (``onnx`` or ``onnx-int8``), exported on first use.
+
+    Returns:
+        ``(folder, meta)``; ``meta["file"]`` is the graph to run, ``meta["inputs"]`` its input names.
+    """
+    key = _export_key(ref, backend)
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    folder = paths.model_export(ref.key, backend, digest)
+    meta = _verified(folder, key)
+    if meta is not None:
+        return folder, meta
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with exclusive(lock_file(folder), what=f"the {backend} export {folder}"):
+        meta = _verified(folder, key)
+        if meta is None:
+            log.info("exporting %s to %s (%s)", ref.name, backend, folder)
+            with atomic_path(folder, directory=True) as tmp:
+                Path(tmp).mkdir(parents=True, exist_ok=True)
+                _export(model, key, Path(tmp))
+            meta = _verified(folder, key)
+            if meta is None:
+                raise PgrankError(f"{folder}: the export did not verify after writing it")
+    return folder, meta
+
+
+class OnnxEncoder:
+    """A sentence-transformers model's ``encode_query`` / ``encode_document`` run by ONNX Runtime.
+
+    The model's tokenizer, truncation length and prompts are used as sentence-transformers uses them;
+    texts are sorted by length within each call so that batches pad little.
+    """
+
+    def __init__(self, model: "SentenceTransformer", graph: Path, inputs: list[str], threads: int):
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        self.model, self.inputs = model, inputs
+        self.session = ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
+
+    @property
+    def device(self):
+        import torch
+
+        return torch.device("cpu")
+
+    def _prompt(self, names: tuple[str, ...]) -> str:
+        prompts = self.model.prompts or {}
+        for name in names:
+            if name in prompts:
+                return prompts[name]
+        default = self.model.default_prompt_name
+        return prompts.get(default, "") if default else ""
+
+    def _encode(self, texts, prompt: str, batch_size: int) -> np.ndarray:
+        texts = [prompt + t for t in texts]
+        order = np.argsort([-len(t) for t in texts], kind="stable")
+        out = None
+        for lo in range(0, len(texts), batch_size):
+            idx = order[lo : lo + batch_size]
+            features = _features(self.model, [texts[i] for i in idx])
+            (emb,) = self.session.run([_OUTPUT], {n: features[n].numpy().astype(np.int64) for n in self.inputs})
+            if out is None:
+                out = np.empty((len(texts), emb.shape[1]), dtype=np.float32)
+            out[idx] = emb
+        return out if out is not None else np.empty((0, self.model.get_sentence_embedding_dimension()), np.float32)
+
+    def encode_query(self, texts, *, batch_size: int = 32, **_) -> np.ndarray:
+        return self._encode(list(texts), self._prompt(("query",)), batch_size)
+
+    def encode_document(self, texts, *, batch_size: int = 32, pool=None, **_) -> np.ndarray:
+        return self._encode(list(texts), self._prompt(("document", "passage", "corpus")), batch_size)
+
+
+class AutocastEncoder:
+    """A sentence-transformers model whose forward passes run under ``torch.autocast(bfloat16)``."""
+
+    def __init__(self, model: "SentenceTransformer"):
+        self.model = model
+
+    @property
+    def device(self):
+        return self.model.device
+
+    def _autocast(self):
+        import torch
+
+        return torch.autocast(self.model.device.type, dtype=torch.bfloat16)
+
+    def encode_query(self, texts, **kwargs) -> np.ndarray:
+        with self._autocast():
+            return np.asarray(self.model.encode_query(texts, **kwargs), dtype=np.float32)
+
+    def encode_document(self, texts, **kwargs) -> np.ndarray:
+        with self._autocast():
+            return np.asarray(self.model.encode_document(texts, **kwargs), dtype=np.float32)
+
+
+def load_inference_encoder(name, models: "ModelsConfig", paths: "Paths", *, device: str | None = None,
+                           max_seq_length: int | None = None, backend: str | None = None):
+    """A model for forward-only encoding under its backend (``backend``: as resolved by :func:`effective_backend`).
+
+    Returns:
+        ``(encoder, backend)``: an object with ``encode_query`` / ``encode_document`` (a plain
+        :class:`SentenceTransformer` for ``torch``) and the backend it runs.
+    """
+    import torch
+
+    from pgrank.models.hub import load_encoder, resolve_model
+
+    ref = name if not isinstance(name, str) else resolve_model(name, models)
+    backend = backend or effective_backend(ref, models, device)
+    on_cpu = backend.startswith("onnx")
+    model = load_encoder(ref, models, device="cpu" if on_cpu else device, max_seq_length=max_seq_length)
+    if backend == "torch":
+        return model, backend
+    if backend == "torch-bf16":
+        return AutocastEncoder(model), backend
+    folder, meta = onnx_export(model, ref, backend, paths)
+    return OnnxEncoder(model, folder / meta["file"], meta["inputs"], torch.get_num_threads()), backend

@@ -1,0 +1,149 @@
+"""pgrank.models.backends: the auto rule, ONNX exports as verified artifacts, embeddings equal to torch's."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pgrank.config import ModelsConfig
+from pgrank.errors import PgrankError
+from pgrank.models.backends import (
+    OnnxEncoder,
+    auto_backend,
+    effective_backend,
+    embedding_key,
+    int8_isa,
+    load_inference_encoder,
+)
+from pgrank.models.hub import resolve_model
+from pgrank.paths import Paths
+
+pytest.importorskip("onnxruntime")
+
+TEXTS = ["what causes fever", "Aspirin lowers the risk of heart attacks in adults over fifty.",
+         "A much longer passage " * 20, "x"]
+
+
+def paths_at(tmp_path: Path) -> Paths:
+    return Paths(root=tmp_path / "root", data=tmp_path / "data", embeddings=tmp_path / "emb")
+
+
+def cosine(a, b):
+    a = a / np.linalg.norm(a, axis=1, keepdims=True)
+    b = b / np.linalg.norm(b, axis=1, keepdims=True)
+    return (a * b).sum(1)
+
+
+def test_auto_is_torch_on_cuda_bf16_with_amx_and_int8_elsewhere():
+    assert auto_backend("cuda:0", frozenset({"amx_bf16"})) == "torch"
+    assert auto_backend("cpu", frozenset({"amx_bf16", "avx512_vnni"})) == "torch-bf16"
+    assert auto_backend("cpu", frozenset({"avx512_vnni"})) == "onnx-int8"
+    assert auto_backend("cpu", frozenset({"avx2"})) == "onnx-int8"
+    assert int8_isa(frozenset({"avx512_vnni"})) == "avx512_vnni"
+    assert int8_isa(frozenset({"avx2", "fma"})) == "avx2"
+
+
+def test_backends_per_model_override_the_default(tiny_model_dir):
+    ref = resolve_model(str(tiny_model_dir), ModelsConfig())
+    assert effective_backend(ref, ModelsConfig(backend="onnx")) == "onnx"
+    cfg = ModelsConfig(backend="onnx", backends={str(tiny_model_dir): "torch"})
+    assert effective_backend(ref, cfg) == "torch"
+
+
+def test_every_backend_has_its_own_embedding_artifact_and_torch_keeps_the_old_key(tiny_model_dir):
+    ref = resolve_model(str(tiny_model_dir), ModelsConfig())
+    keys = {b: embedding_key(ref, b) for b in ("torch", "torch-bf16", "onnx", "onnx-int8")}
+    assert keys["torch"] == ref.key
+    assert len(set(keys.values())) == 4
+    assert keys["onnx-int8"].endswith(int8_isa())
+
+
+def test_a_model_that_does_not_export_runs_torch_under_auto_and_is_refused_by_name(tmp_path, tiny_model_dir):
+    import shutil
+
+    folder = tmp_path / "router-model"
+    shutil.copytree(tiny_model_dir, folder)
+    modules = json.loads((folder / "modules.json").read_text())
+    modules.append({"idx": len(modules), "name": "2", "path": "2", "type": "sentence_transformers.models.Router"})
+    (folder / "modules.json").write_text(json.dumps(modules))
+    ref = resolve_model(str(folder), ModelsConfig())
+    assert effective_backend(ref, ModelsConfig(backend="auto"), "cpu") in {"torch", "torch-bf16"}
+    with pytest.raises(PgrankError, match="does not export to ONNX"):
+        effective_backend(ref, ModelsConfig(backend="onnx-int8"))
+
+
+@pytest.mark.parametrize("backend, floor", [("onnx", 0.99999), ("onnx-int8", 0.95), ("torch-bf16", 0.99)])
+def test_backends_encode_like_torch(tmp_path, tiny_model_dir, backend, floor):
+    models, paths = ModelsConfig(), paths_at(tmp_path)
+    torch_model, _ = load_inference_encoder(str(tiny_model_dir), models, paths, device="cpu", backend="torch")
+    encoder, got = load_inference_encoder(str(tiny_model_dir), models, paths, device="cpu", backend=backend)
+    assert got == backend
+    for task in ("encode_document", "encode_query"):
+        ref = getattr(torch_model, task)(TEXTS, batch_size=2, convert_to_numpy=True)
+        emb = getattr(encoder, task)(TEXTS, batch_size=2)
+        assert emb.shape == ref.shape and emb.dtype == np.float32
+        assert cosine(emb, ref).min() >= floor
+
+
+def test_prompts_apply_as_in_sentence_transformers(tmp_path, tiny_model_dir):
+    import shutil
+
+    folder = tmp_path / "prompted"
+    shutil.copytree(tiny_model_dir, folder)
+    cfg_path = folder / "config_sentence_transformers.json"
+    cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+    cfg["prompts"] = {"query": "query: ", "document": "passage: "}
+    cfg_path.write_text(json.dumps(cfg))
+    models, paths = ModelsConfig(), paths_at(tmp_path)
+    torch_model, _ = load_inference_encoder(str(folder), models, paths, device="cpu", backend="torch")
+    encoder, _ = load_inference_encoder(str(folder), models, paths, device="cpu", backend="onnx")
+    assert torch_model.prompts["query"] == "query: "
+    np.testing.assert_allclose(encoder.encode_query(TEXTS), torch_model.encode_query(TEXTS, convert_to_numpy=True), atol=1e-5)
+    np.testing.assert_allclose(encoder.encode_document(TEXTS),
+                               torch_model.encode_document(TEXTS, convert_to_numpy=True), atol=1e-5)
+    # the prompt matters: without it the embeddings differ
+    assert not np.allclose(encoder.encode_query(TEXTS), torch_model.encode(TEXTS, convert_to_numpy=True), atol=1e-4)
+
+
+def test_an_export_is_built_once_reused_and_rebuilt_when_a_file_no_longer_matches(tmp_path, tiny_model_dir):
+    models, paths = ModelsConfig(), paths_at(tmp_path)
+    first, _ = load_inference_encoder(str(tiny_model_dir), models, paths, backend="onnx-int8")
+    assert isinstance(first, OnnxEncoder)
+    [folder] = (paths.embeddings / "exports").iterdir()
+    meta = json.loads((folder / "meta.json").read_text())
+    graph = folder / meta["file"]
+    assert meta["backend"] == "onnx-int8" and meta["isa"] == int8_isa() and set(meta["sha256"]) == {meta["file"]}
+    stamp = graph.stat().st_mtime_ns
+    load_inference_encoder(str(tiny_model_dir), models, paths, backend="onnx-int8")
+    assert graph.stat().st_mtime_ns == stamp  # reused, not exported again
+    with open(graph, "r+b") as fh:  # corrupt one byte
+        fh.seek(100)
+        byte = fh.read(1)
+        fh.seek(100)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+    again, _ = load_inference_encoder(str(tiny_model_dir), models, paths, backend="onnx-int8")
+    assert json.loads((folder / "meta.json").read_text())["sha256"] == meta["sha256"]  # exported afresh, same bytes
+    np.testing.assert_allclose(again.encode_document(TEXTS), first.encode_document(TEXTS), atol=1e-6)
+    assert [p.name for p in (paths.embeddings / "exports").iterdir()] == [folder.name]  # nothing left beside it
+    assert not [p for p in os.listdir(paths.embeddings / "exports") if p.endswith(".tmp")]
+
+
+def test_corpus_embeddings_are_keyed_by_backend(tmp_path, tiny_model_dir):
+    from pgrank.retrieval.dense.corpus_embeddings import model_corpus_embeddings
+
+    class Store(dict):  # a small in-memory BEIR corpus stands in for the store (rows in its order)
+        sha256 = "0" * 64
+
+    corpus = Store({f"d{i}": {"title": "", "text": t} for i, t in enumerate(TEXTS)})
+    paths = paths_at(tmp_path)
+    ref = resolve_model(str(tiny_model_dir), ModelsConfig())
+    arts = {b: model_corpus_embeddings(ref, ModelsConfig(backend=b), paths, corpus, max_seq_length=64, batch_size=2,
+                                       chunk_size=3, show_progress=False) for b in ("torch", "onnx")}
+    assert arts["torch"].folder != arts["onnx"].folder
+    assert arts["torch"].meta["model"] == ref.key and arts["onnx"].meta["model"] == embedding_key(ref, "onnx")
+    a, b = arts["torch"].rows(0, len(TEXTS)), arts["onnx"].rows(0, len(TEXTS))
+    np.testing.assert_allclose(a, b, atol=2e-3)  # float16 shards of the same embeddings
