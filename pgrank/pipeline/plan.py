@@ -252,7 +252,8 @@ def calibrate(params: Params, paths: Paths, plan: Plan, *, device: str | None = 
         if name in ("bm25", "published", "-"):
             continue
         try:
-            plan.rates[name] = _measure(params, name, docs, device, seconds, train=name in params.train.warm_starts)
+            plan.rates[name] = _measure(params, paths, name, docs, device, seconds,
+                                        train=name in params.train.warm_starts)
         except Exception as exc:  # a model that will not load here: say so, price the rest
             plan.rates[name] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:80]}"}
     for line in plan.lines:
@@ -278,7 +279,8 @@ def _texts(n: int, words: int) -> list[str]:
     return [" ".join(vocab[(i * 7 + j * 3) % len(vocab)] for j in range(words)) for i in range(n)]
 
 
-def _measure(params: Params, name: str, docs: list[str], device: str, seconds: float, *, train: bool) -> dict[str, float]:
+def _measure(params: Params, paths: Paths, name: str, docs: list[str], device: str, seconds: float, *,
+             train: bool) -> dict[str, float]:
     from pgrank.models.hub import load_encoder, resolve_model
 
     ev, cfg = params.evaluate, params.train
@@ -288,13 +290,17 @@ def _measure(params: Params, name: str, docs: list[str], device: str, seconds: f
         from pgrank.retrieval.sparse.splade import load_sparse_encoder
 
         model = load_sparse_encoder(resolve_model(name, params.models).source, device=device, max_seq_length=ev.max_seq_length)
-    else:
-        model = load_encoder(name, params.models, device=device, max_seq_length=ev.max_seq_length)
-    rates = {"docs": _rate(lambda t: model.encode_document(t, batch_size=batch), docs[:batch], seconds),
-             "queries": _rate(lambda t: model.encode_query(t, batch_size=batch), queries[:batch], seconds)}
+        encoder = model
+    else:  # encoding runs under the model's inference backend (pgrank.models.backends), training in torch
+        from pgrank.models.backends import load_inference_encoder
+
+        encoder, _ = load_inference_encoder(name, params.models, paths, device=device, max_seq_length=ev.max_seq_length)
+    rates = {"docs": _rate(lambda t: encoder.encode_document(t, batch_size=batch), docs[:batch], seconds),
+             "queries": _rate(lambda t: encoder.encode_query(t, batch_size=batch), queries[:batch], seconds)}
     if train:
         from pgrank.training.grad_cache import encode
 
+        model = load_encoder(name, params.models, device=device, max_seq_length=ev.max_seq_length)
         model.train()
 
         def step(texts, task, length):
