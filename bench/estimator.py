@@ -14,6 +14,7 @@ Measures, for B queries of n candidates, top-K utility and N sampled rankings pe
 Prints a table; asserts nothing about time. Usage::
 
     python bench/estimator.py                 # B=8, n=1000, K=10, N in 100 1000 5000
+    python bench/estimator.py -N 100 1000 --loop-samples 0 --repeats 20   # ratios only, no loop
     python bench/estimator.py --device cuda
 """
 
@@ -21,9 +22,13 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 import time
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pgrank.core.estimators import pg_loss
 from pgrank.core.policy import placement_log_probs

@@ -1,16 +1,20 @@
 """Benchmark: one training step of each mode, the estimator's share of it, and tower:both memory.
 
-Measures (real all-MiniLM-L6-v2 by default, synthetic texts, one step = forward + backward of a
-batch through :func:`pgrank.training.trainer.accumulate_gradients`):
+Measures (real all-MiniLM-L6-v2 by default, synthetic texts, the settings of ``--profile``, by default
+``demo``: queries per step ``train.batch_size``, ``mine.candidates`` candidates, ``train.pg``; one step =
+forward + backward of a batch through :func:`pgrank.training.trainer.accumulate_gradients`, with the frozen
+reference policy when ``train.pg.kl_coef > 0``):
 
-* throughput in queries/s for ``tower: query`` and ``tower: both`` at ``n`` candidates per query;
-* the estimator's share of a step: :func:`pgrank.core.estimators.policy_gradient` forward + backward on
-  scores of the same shape, over the whole step's time (target <= 5% at n=100);
+* throughput in queries/s for ``tower: query`` and ``tower: both``;
+* the estimator's share of a step: :func:`pgrank.core.estimators.policy_gradient` forward + backward,
+  called as the trainer calls it (same mask, per-query generators and ``train.pg`` knobs, reference
+  scores when ``kl_coef > 0``) on scores of the same shape, over the whole step's time (target <= 5%
+  for ``tower: query``);
 * peak memory of ``tower: both`` at 1000 vs 100 candidates, with cached-gradient chunking and without
   (chunk = n), as the increase of the process's peak RSS over its RSS before the step, each in a
   fresh process (target ratio <= 1.3 chunked, against ~10 unchunked).
 
-Prints; asserts nothing. Usage: ``python bench/training.py [--model minilm] [--doc-len 64]``.
+Prints; asserts nothing. Usage: ``python bench/training.py [--profile demo] [--skip-both] [--skip-memory]``.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,51 +43,92 @@ def _text(rng: random.Random, n: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(n))
 
 
-def _setup(model_name: str, tower: str, n: int, chunk: int, doc_len: int, queries: int, tmp: Path):
+class _Corpus:
+    """The corpus-store interface the trainer reads for ``tower: both`` (texts by row)."""
+
+    def __init__(self, texts: list[str]):
+        self._texts = texts
+
+    def texts(self, rows) -> list[str]:
+        return [self._texts[int(r)] for r in rows]
+
+
+def _params(profile: str, tower: str, chunk: int, doc_len: int):
     from pgrank.config import load_params
+
+    return load_params(ROOT / "params.yaml", [
+        f"train.tower={tower}", f"train.grad_chunk_size={chunk}", f"train.max_doc_length={doc_len}",
+        "train.warm_starts=[minilm]", "evaluate.systems={dense: [minilm]}", "evaluate.policy_epochs=[]",
+        "train.amp=off"], profile=profile or None)
+
+
+def _setup(model_name: str, params, n: int, queries: int, tmp: Path):
+    """(model, batch, frozen documents, corpus, reference policy) for one synthetic batch."""
     from pgrank.models.hub import load_encoder
     from pgrank.retrieval.dense.corpus_embeddings import build_corpus_embeddings
     from pgrank.training.batches import Example, FrozenDocuments, make_batch
+    from pgrank.training.reference import ReferencePolicy
 
+    cfg = params.train
     rng = random.Random(0)
-    params = load_params(ROOT / "params.yaml", [
-        f"train.tower={tower}", f"train.grad_chunk_size={chunk}", f"train.max_doc_length={doc_len}",
-        "train.max_query_length=32", "train.pg.num_samples=200", "train.warm_starts=[minilm]",
-        "evaluate.systems={dense: [minilm]}", "evaluate.policy_epochs=[]", "train.amp=off"])
-    corpus = {f"d{i}": {"title": "", "text": _text(rng, doc_len)} for i in range(n * queries)}
-    examples = [Example(f"q{b}", _text(rng, 8), tuple(f"d{b * n + j}" for j in range(n)),
-                        tuple(float(j < 2) for j in range(n))) for b in range(queries)]
-    model = load_encoder(model_name, params.models, device="cpu", max_seq_length=doc_len)
+    # tower: query shares a pool of 4n documents between the queries (encoded once, untimed).
+    num_docs = n * queries if cfg.tower == "both" else 4 * n
+    corpus = {f"d{i}": {"title": "", "text": _text(rng, cfg.max_doc_length)} for i in range(num_docs)}
+    examples = []
+    for b in range(queries):
+        rows = np.arange(b * n, (b + 1) * n) if cfg.tower == "both" else np.asarray(rng.sample(range(num_docs), n))
+        examples.append(Example(f"q{b}", _text(rng, 8), rows.astype(np.int64), (np.arange(n) < 2).astype(np.float32)))
+    model = load_encoder(model_name, params.models, device="cpu", max_seq_length=cfg.max_doc_length)
     model.train()
     frozen = None
-    if tower == "query":
+    if cfg.tower == "query":
         emb = build_corpus_embeddings(lambda: model, "bench", corpus, tmp / "emb", corpus_sha256="0" * 64,
-                                      max_seq_length=doc_len, batch_size=64, chunk_size=4096, show_progress=False)
+                                      max_seq_length=cfg.max_doc_length, batch_size=64, chunk_size=4096,
+                                      show_progress=False)
         frozen = FrozenDocuments(emb)
-    return params, model, make_batch(examples), frozen, corpus
+        model.train()
+    reference = None
+    if cfg.pg.kl_coef:
+        reference = ReferencePolicy(load_encoder(model_name, params.models, device="cpu",
+                                                 max_seq_length=cfg.max_doc_length), cfg)
+    texts = _Corpus([doc["text"] for doc in corpus.values()])
+    return model, make_batch(examples), frozen, texts, reference
 
 
-def step_time(model_name: str, tower: str, n: int, queries: int, doc_len: int, repeats: int) -> tuple[float, float]:
-    """(seconds per step, seconds of the estimator alone on the same shapes)."""
+def estimator_time(batch, params, repeats: int, reference_scores=None) -> float:
+    """Best seconds of one estimator call (forward + backward) as the trainer makes it, on random scores."""
     from pgrank.core.estimators import policy_gradient
+    from pgrank.training.batches import query_generators
+
+    pg = params.train.pg
+    qids = [ex.qid for ex in batch.examples]
+    best = float("inf")
+    for i in range(repeats + 1):  # the first is a warm-up
+        scores = torch.randn(batch.relevance.shape, requires_grad=True)
+        gens = query_generators(params.train.seed, i, qids, batch.relevance.device)  # the trainer's cost, not timed
+        start = time.perf_counter()
+        policy_gradient(scores, batch.relevance, batch.mask, num_samples=pg.num_samples, utility=pg.utility,
+                        estimator=pg.estimator, baseline=pg.baseline, temperature=pg.temperature,
+                        entropy_coef=pg.entropy_coef, entropy=pg.entropy, generator=gens,
+                        reference_scores=reference_scores, kl_coef=pg.kl_coef, kl=pg.kl).loss.backward()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def step_time(model_name: str, params, n: int, queries: int, repeats: int) -> tuple[float, float]:
+    """(seconds per step, seconds of the estimator alone on the same shapes)."""
     from pgrank.training.trainer import accumulate_gradients
 
     with tempfile.TemporaryDirectory() as tmp:
-        params, model, batch, frozen, corpus = _setup(model_name, tower, n, 64, doc_len, queries, Path(tmp))
+        model, batch, frozen, corpus, reference = _setup(model_name, params, n, queries, Path(tmp))
         best = float("inf")
         for _ in range(repeats + 1):  # the first is a warm-up
             model.zero_grad(set_to_none=True)
             start = time.perf_counter()
-            accumulate_gradients(model, batch, params, epoch=1, frozen=frozen, corpus=corpus)
+            accumulate_gradients(model, batch, params, epoch=1, frozen=frozen, corpus=corpus, reference=reference)
             best = min(best, time.perf_counter() - start)
-        pg = params.train.pg
-        est = float("inf")
-        for _ in range(repeats + 1):
-            scores = torch.randn(batch.relevance.shape, requires_grad=True)
-            start = time.perf_counter()
-            policy_gradient(scores, batch.relevance, batch.mask, num_samples=pg.num_samples, utility=pg.utility,
-                            temperature=pg.temperature, entropy_coef=pg.entropy_coef).loss.backward()
-            est = min(est, time.perf_counter() - start)
+        ref_scores = None if reference is None else reference.scores(batch, frozen=frozen, corpus=corpus)
+        est = estimator_time(batch, params, repeats, ref_scores)
     return best, est
 
 
@@ -91,55 +137,65 @@ def _rss_kb() -> int:
         return next(int(line.split()[1]) for line in fh if line.startswith("VmRSS"))
 
 
-def memory_child(model_name: str, n: int, chunk: int, doc_len: int) -> None:
+def memory_child(model_name: str, profile: str, n: int, chunk: int, doc_len: int) -> None:
     """Run in a fresh process: print the peak-RSS increase (MiB) of one tower:both step."""
     from pgrank.training.trainer import accumulate_gradients
 
+    params = _params(profile, "both", chunk, doc_len)
     with tempfile.TemporaryDirectory() as tmp:
-        params, model, batch, frozen, corpus = _setup(model_name, "both", n, chunk, doc_len, 1, Path(tmp))
+        model, batch, _, corpus, reference = _setup(model_name, params, n, 1, Path(tmp))
         import gc
 
         gc.collect()
         before = _rss_kb()
         peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        accumulate_gradients(model, batch, params, epoch=1, frozen=None, corpus=corpus)
+        accumulate_gradients(model, batch, params, epoch=1, frozen=None, corpus=corpus, reference=reference)
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     print(json.dumps({"increase_mib": (max(peak, peak_before) - before) / 1024}))
 
 
-def memory(model_name: str, n: int, chunk: int, doc_len: int) -> float:
-    out = subprocess.run([sys.executable, __file__, "--memory-child", model_name, str(n), str(chunk), str(doc_len)],
-                         capture_output=True, text=True, check=True)
+def memory(model_name: str, profile: str, n: int, chunk: int, doc_len: int) -> float:
+    out = subprocess.run([sys.executable, __file__, "--memory-child", model_name, profile, str(n), str(chunk),
+                          str(doc_len)], capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])["increase_mib"]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="minilm")
-    ap.add_argument("--candidates", "-n", type=int, default=100)
+    ap.add_argument("--profile", default="demo", help="profile laid over params.yaml ('' for none)")
+    ap.add_argument("--candidates", "-n", type=int, default=None, help="default: the profile's mine.candidates")
     ap.add_argument("--doc-len", type=int, default=64)
-    ap.add_argument("--queries", type=int, default=8, help="queries per step for tower: query")
+    ap.add_argument("--queries", type=int, default=None, help="queries per step for tower: query "
+                    "(default: the profile's train.batch_size)")
     ap.add_argument("--both-queries", type=int, default=1, help="queries per step for tower: both")
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--chunk", type=int, default=64)
+    ap.add_argument("--skip-both", action="store_true", help="time tower: query only")
     ap.add_argument("--skip-memory", action="store_true")
-    ap.add_argument("--memory-child", nargs=4, help=argparse.SUPPRESS)
+    ap.add_argument("--memory-child", nargs=5, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.memory_child:
-        name, n, chunk, doc_len = args.memory_child
-        memory_child(name, int(n), int(chunk), int(doc_len))
+        name, profile, n, chunk, doc_len = args.memory_child
+        memory_child(name, profile, int(n), int(chunk), int(doc_len))
         return
-    print(f"model={args.model} n={args.candidates} doc_len={args.doc_len} threads={torch.get_num_threads()}")
-    for tower, queries in (("query", args.queries), ("both", args.both_queries)):
-        step, est = step_time(args.model, tower, args.candidates, queries, args.doc_len, args.repeats)
-        print(f"tower={tower:5s} {queries} queries/step: {queries / step:8.2f} queries/s  "
+    base = _params(args.profile, "query", args.chunk, args.doc_len)
+    n = args.candidates or base.mine.candidates
+    queries = args.queries or base.train.batch_size
+    pg = base.train.pg
+    print(f"model={args.model} profile={args.profile or '-'} n={n} doc_len={args.doc_len} "
+          f"threads={torch.get_num_threads()} pg: N={pg.num_samples} {pg.utility} {pg.estimator} "
+          f"T={pg.temperature} entropy={pg.entropy}:{pg.entropy_coef} kl={pg.kl}:{pg.kl_coef}")
+    towers = [("query", queries)] + ([] if args.skip_both else [("both", args.both_queries)])
+    for tower, q in towers:
+        params = _params(args.profile, tower, args.chunk, args.doc_len)
+        step, est = step_time(args.model, params, n, q, args.repeats)
+        print(f"tower={tower:5s} {q} queries/step: {q / step:8.2f} queries/s  "
               f"step {step * 1e3:8.1f} ms, estimator {est * 1e3:6.1f} ms = {100 * est / step:5.2f}% of the step")
     if args.skip_memory:
         return
-    rows = {}
     for label, chunk_of in (("chunked", lambda n: args.chunk), ("unchunked", lambda n: n)):
-        small, large = (memory(args.model, n, chunk_of(n), args.doc_len) for n in (100, 1000))
-        rows[label] = large / small
+        small, large = (memory(args.model, args.profile, n, chunk_of(n), args.doc_len) for n in (100, 1000))
         print(f"tower=both {label:9s} peak RSS increase: n=100 {small:8.1f} MiB, n=1000 {large:8.1f} MiB, "
               f"ratio {large / small:5.2f}")
 

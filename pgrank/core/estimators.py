@@ -1,9 +1,10 @@
 """Policy-gradient estimators for Plackett-Luce ranking policies (paper Eq. 5, 8 and 9).
 
 All estimators are pure tensor functions, vectorised over queries ``B`` and samples ``N`` (no Python
-loop over samples or places). Each returns a *surrogate loss* whose gradient with respect to the
-scores is the negative of the policy-gradient estimate, so ``loss.backward()`` followed by an
-optimizer step ascends the expected utility::
+loop over samples; the placements' denominators are a ``K``-step recurrence over all rankings at
+once). Each returns a *surrogate loss* whose gradient with respect to the scores is the negative of
+the policy-gradient estimate, so ``loss.backward()`` followed by an optimizer step ascends the
+expected utility::
 
     loss = -(advantage.detach() * log_prob).mean()
 

@@ -23,6 +23,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import importlib
 import re
 from collections.abc import Callable
@@ -36,8 +37,16 @@ from pgrank.core.policy import rank_mask
 PerRank = Callable[[Tensor, Tensor, int], Tensor]  # (ranked_rel (B,N,K), relevance (B,n), k) -> (B,N,K)
 
 
+@functools.lru_cache(maxsize=64)
+def _discount_table(K: int, device: torch.device, dtype: torch.dtype) -> Tensor:
+    """``1 / log2(j + 1)`` for places ``j = 1..K``: a constant, built once per (K, device, dtype) and never
+    written to (callers only read it), so the cache changes no result, only the per-call cost."""
+    with torch.inference_mode(False), torch.no_grad():  # a plain tensor even if first asked for under inference_mode
+        return 1.0 / torch.log2(torch.arange(2, K + 2, device=device, dtype=dtype))  # (K,)
+
+
 def _discounts(K: int, like: Tensor) -> Tensor:
-    return 1.0 / torch.log2(torch.arange(2, K + 2, device=like.device, dtype=like.dtype))  # (K,)
+    return _discount_table(K, like.device, like.dtype)
 
 
 def _cut(contrib: Tensor, k: int) -> Tensor:
@@ -63,7 +72,7 @@ def ideal_dcg(relevance: Tensor, k: int) -> Tensor:
 def ndcg_per_rank(ranked_rel: Tensor, relevance: Tensor, k: int) -> Tensor:
     """nDCG@k contributions: DCG@k contributions over the ideal DCG@k (0 for queries with none)."""
     idcg = ideal_dcg(relevance, k)  # (B,)
-    scale = torch.where(idcg > 0, 1.0 / idcg.clamp_min(torch.finfo(idcg.dtype).tiny), torch.zeros_like(idcg))
+    scale = (idcg > 0) / idcg.clamp_min(torch.finfo(idcg.dtype).tiny)  # 1 / idcg, or 0
     return dcg_per_rank(ranked_rel, relevance, k) * scale.view(-1, 1, 1)
 
 
@@ -130,15 +139,20 @@ class Utility:
 def ranked_relevance(rankings: Tensor, relevance: Tensor, mask: Tensor | None) -> Tensor:
     """``(B, N, K)`` grades in ranked order; 0 at places beyond a query's real candidates."""
     rel = relevance if mask is None else torch.where(mask, relevance, torch.zeros_like(relevance))
+    return _ranked(rankings, rel, mask)
+
+
+def _ranked(rankings: Tensor, rel: Tensor, mask: Tensor | None) -> Tensor:
+    """:func:`ranked_relevance` of grades ``rel`` already 0 at padded slots."""
     B, N, K = rankings.shape
     ranked = torch.gather(rel, 1, rankings.reshape(B, N * K)).reshape(B, N, K)
-    return ranked * rank_mask(mask, rankings)
+    return ranked if mask is None else ranked * rank_mask(mask, rankings)
 
 
 def _named(name: str, fn: PerRank, k: int) -> Utility:
     def per_rank(rankings: Tensor, relevance: Tensor, mask: Tensor | None = None) -> Tensor:
         rel = relevance if mask is None else torch.where(mask, relevance, torch.zeros_like(relevance))
-        return fn(ranked_relevance(rankings, rel, mask), rel, k)
+        return fn(_ranked(rankings, rel, mask), rel, k)
 
     def whole(rankings: Tensor, relevance: Tensor, mask: Tensor | None = None) -> Tensor:
         return per_rank(rankings, relevance, mask).sum(-1)
@@ -154,12 +168,7 @@ def get_utility(name: str) -> Utility:
     """
     m = _NAMED.match(name)
     if m:
-        base, k = m["name"], int(m["k"])
-        if base not in PER_RANK:
-            raise ValueError(f"unknown utility {name!r}; known: {sorted(PER_RANK)} as NAME@K, or 'module:function'")
-        if k < 1:
-            raise ValueError(f"utility {name!r}: the cut-off must be >= 1")
-        return _named(name, PER_RANK[base], k)
+        return _named_utility(name)
     if ":" in name:
         module, _, attr = name.partition(":")
         try:
@@ -169,3 +178,15 @@ def get_utility(name: str) -> Utility:
         depth = getattr(fn, "depth", None)
         return Utility(name=name, depth=None if depth is None else int(depth), per_rank=None, whole=fn)
     raise ValueError(f"unknown utility {name!r}; expected NAME@K (ndcg, dcg, mrr, recall, ap) or 'module:function'")
+
+
+@functools.lru_cache(maxsize=64)
+def _named_utility(name: str) -> Utility:
+    """A ``NAME@K`` utility, resolved once per name (the estimator asks on every call; a Utility is immutable)."""
+    m = _NAMED.match(name)
+    base, k = m["name"], int(m["k"])
+    if base not in PER_RANK:
+        raise ValueError(f"unknown utility {name!r}; known: {sorted(PER_RANK)} as NAME@K, or 'module:function'")
+    if k < 1:
+        raise ValueError(f"utility {name!r}: the cut-off must be >= 1")
+    return _named(name, PER_RANK[base], k)

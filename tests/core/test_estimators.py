@@ -272,3 +272,23 @@ def test_kl_needs_reference_scores():
         pg_loss(s, r, num_samples=4, reference_scores=torch.zeros(2, 4))
     out = policy_gradient(s, r, num_samples=4)
     assert out.kl.item() == 0.0
+
+
+@pytest.mark.parametrize("estimator", ["per_rank", "whole"])
+def test_no_mask_is_an_all_true_mask(estimator):
+    """mask=None skips every masking op; it must compute what an all-True mask computes."""
+    g = torch.Generator().manual_seed(2)
+    scores = torch.randn(3, 25, generator=g, dtype=torch.float64)
+    relevance = torch.randint(0, 3, (3, 25), generator=g).double()
+    reference = torch.randn(3, 25, generator=g, dtype=torch.float64)
+    grads, outs = [], []
+    for mask in (None, torch.ones(3, 25, dtype=torch.bool)):
+        s = scores.clone().requires_grad_(True)
+        out = policy_gradient(s, relevance, mask, num_samples=9, estimator=estimator, temperature=0.3, entropy_coef=0.1,
+                              entropy="ranking", reference_scores=reference, kl_coef=0.2, kl="ranking",
+                              generator=torch.Generator().manual_seed(5))
+        out.loss.backward()
+        grads.append(s.grad)
+        outs.append(torch.stack([out.loss.detach(), out.utility, out.entropy, out.kl]))
+    assert torch.allclose(outs[0], outs[1], rtol=1e-12, atol=1e-15)
+    assert torch.allclose(grads[0], grads[1], rtol=1e-12, atol=1e-15)

@@ -144,3 +144,139 @@ def test_bad_shapes_are_rejected():
         sample_rankings(torch.randn(5), num_samples=2)
     with pytest.raises(ValueError):
         sample_rankings(torch.randn(2, 5), torch.ones(2, 4, dtype=torch.bool), num_samples=2)
+
+
+def naive_placement_log_probs(logits: torch.Tensor, rankings: torch.Tensor, mask=None) -> torch.Tensor:
+    """Eq. 3 place by place with autograd's own logsumexp (softmax gradient): a differentiable definition."""
+    B, N, K = rankings.shape
+    rows = []
+    for b in range(B):
+        real = torch.ones(logits.shape[1], dtype=torch.bool) if mask is None else mask[b].clone()
+        n_real = int(real.sum())
+        for i in range(N):
+            remaining, row = real.clone(), []
+            for k in range(K):
+                if k >= n_real:
+                    row.append(logits.new_zeros(()))
+                    continue
+                item = rankings[b, i, k]
+                row.append(logits[b, item] - torch.logsumexp(logits[b][remaining], 0))
+                remaining = remaining.clone()
+                remaining[item] = False
+            rows.append(torch.stack(row))
+    return torch.stack(rows).view(B, N, K)
+
+
+@pytest.mark.parametrize("n,k,scale,masked,ties", [
+    (12, 4, 3.0, False, False), (12, 12, 3.0, True, False), (40, 10, 30.0, True, False),
+    (9, 5, 2.0, False, True), (9, 3, 300.0, True, True),
+])
+def test_placement_log_prob_gradients_match_the_definition(n, k, scale, masked, ties):
+    """The hand-written backward (reverse log-cumsum-exp recurrence, top-(K+1) head) against autograd of Eq. 3."""
+    g = torch.Generator().manual_seed(n + k)
+    logits = torch.randn(3, n, generator=g, dtype=torch.float64) * scale
+    if ties:
+        logits = logits.round()
+    mask = None
+    if masked:
+        mask = torch.ones(3, n, dtype=torch.bool)
+        mask[0, n // 2:] = False
+        mask[2, 2:] = False
+        logits = logits.masked_fill(~mask, 5 * scale)
+    rankings = sample_rankings(logits, mask, num_samples=6, k=k, generator=g)
+    weights = torch.randn(rankings.shape, generator=g, dtype=torch.float64)
+    got = logits.clone().requires_grad_(True)
+    want = logits.clone().requires_grad_(True)
+    lp = placement_log_probs(got, rankings, mask)
+    (lp * weights).sum().backward()
+    ref = naive_placement_log_probs(want, rankings, mask)
+    (ref * weights).sum().backward()
+    assert torch.allclose(lp, ref, rtol=0, atol=1e-12)
+    assert torch.allclose(got.grad, want.grad, rtol=1e-10, atol=1e-12 * want.grad.abs().max().item())
+
+
+@pytest.mark.parametrize("n,k,masked", [(30, 10, False), (30, 10, True), (12, 12, True), (11, 10, False), (40, 1, True)])
+def test_hand_written_gradient_equals_autograd(n, k, masked):
+    """The recurrences and the hand-written backward against autograd through torch's logcumsumexp."""
+    from pgrank.core.policy import _placement_parts, _PlacementLogProbs
+
+    g = torch.Generator().manual_seed(n * k)
+    logits = torch.randn(4, n, generator=g, dtype=torch.float64) * 4
+    mask = None
+    if masked:
+        mask = torch.ones(4, n, dtype=torch.bool)
+        mask[1, 7:] = False
+        mask[3, 1:] = False
+    rankings = sample_rankings(logits, mask, num_samples=9, k=k, generator=g)
+    weights = torch.randn(rankings.shape, generator=g, dtype=torch.float64)
+    fill = torch.finfo(torch.float64).min / 8
+    safe = logits if mask is None else logits.masked_fill(~mask, fill)
+    a, b = safe.clone().requires_grad_(True), safe.clone().requires_grad_(True)
+    got = _PlacementLogProbs.apply(a, rankings, mask, fill)
+    want = _placement_parts(b, rankings, mask, fill, recurrence=False)[0]
+    (got * weights).sum().backward()
+    (want * weights).sum().backward()
+    assert torch.allclose(got, want, rtol=1e-13, atol=1e-13)
+    real = slice(None) if mask is None else mask
+    assert torch.allclose(a.grad[real], b.grad[real], rtol=1e-10, atol=1e-12)
+    small = torch.randn(2, 9, dtype=torch.float64, generator=g)
+    r = sample_rankings(small, num_samples=3, k=4, generator=g)
+    assert torch.autograd.gradcheck(lambda x: _PlacementLogProbs.apply(x, r, None, fill), (small.requires_grad_(True),))
+
+
+def test_first_free_head_position_both_ways():
+    """The int64 bitmask and the scatter/argmin computations of the rest's sorted position agree."""
+    from pgrank.core.policy import _first_free
+
+    g = torch.Generator().manual_seed(1)
+    for K in (1, 3, 10):
+        K1 = K + 1
+        # distinct head positions per sample, some places in the tail (K1) or on padding (K1 + 1)
+        pos = torch.stack([torch.randperm(K1 + 3, generator=g)[:K] for _ in range(200)]).clamp(max=K1 + 1).view(20, 10, K)
+        taken = torch.zeros(20, 10, K1 + 2, dtype=torch.uint8).scatter_(-1, pos, 1)
+        assert torch.equal(_first_free(pos, K1).long(), taken[..., : K1 + 1].argmin(-1))
+
+
+def test_per_query_generators_draw_what_each_query_draws_alone(monkeypatch):
+    """Each query's rankings depend only on its own generator: not on the batch, nor on memory chunking."""
+    from pgrank.core import policy
+
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randn(5, 30, generator=g)
+    mask = torch.ones(5, 30, dtype=torch.bool)
+    mask[2, 10:] = False
+
+    def gens():
+        return [torch.Generator().manual_seed(100 + b) for b in range(5)]
+
+    batched = sample_rankings(logits, mask, num_samples=7, k=4, generator=gens())
+    for b, gen in enumerate(gens()):
+        alone = sample_rankings(logits[b : b + 1], mask[b : b + 1], num_samples=7, k=4, generator=[gen])
+        assert torch.equal(batched[b : b + 1], alone)
+    shared = sample_rankings(logits, mask, num_samples=7, k=4, generator=torch.Generator().manual_seed(9))
+    monkeypatch.setattr(policy, "_MAX_GUMBEL_ELEMENTS", 2 * 7 * 30)  # two queries per chunk
+    assert torch.equal(sample_rankings(logits, mask, num_samples=7, k=4, generator=gens()), batched)
+    assert torch.equal(sample_rankings(logits, mask, num_samples=7, k=4, generator=torch.Generator().manual_seed(9)), shared)
+
+
+def test_cached_head_tables_change_no_result():
+    """The head-position tables are built once per (K + 1, width, device): results equal a fresh build."""
+    from pgrank.core.policy import _head_tables
+
+    cases = [(n, k, dtype) for n, k in ((30, 10), (8, 8), (30, 3)) for dtype in (torch.float32, torch.float64)]
+
+    def run(n, k, dtype):
+        logits = (torch.randn(3, n, generator=torch.Generator().manual_seed(n + k)) * 3).to(dtype).requires_grad_(True)
+        rankings = sample_rankings(logits, num_samples=5, k=k, generator=torch.Generator().manual_seed(k))
+        lp = placement_log_probs(logits, rankings)
+        lp.sum().backward()
+        return lp.detach(), logits.grad
+
+    _head_tables.cache_clear()
+    cached = [run(*c) for c in cases + cases]
+    for c, (lp, grad) in zip(cases + cases, cached):
+        _head_tables.cache_clear()
+        fresh_lp, fresh_grad = run(*c)
+        assert torch.equal(lp, fresh_lp) and torch.equal(grad, fresh_grad), c
+    ar, before = _head_tables(4, 5, torch.device("cpu"))
+    assert torch.equal(ar, torch.arange(4)) and torch.equal(before, torch.arange(5) < torch.arange(4)[:, None])

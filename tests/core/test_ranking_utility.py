@@ -100,3 +100,38 @@ def test_custom_callable_utility(tmp_path, monkeypatch):
 def test_bad_utility_names(name):
     with pytest.raises(ValueError):
         get_utility(name)
+
+
+def test_cached_discount_table_changes_no_result():
+    """The DCG discounts are built once per (K, device, dtype): results equal a fresh build, whatever the call order."""
+    from pgrank.core.estimators import policy_gradient
+    from pgrank.core.ranking_utility import _discount_table
+
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    calls = [(dev, dtype, n, util) for dev in devices for dtype in (torch.float32, torch.float64)
+             for n, util in ((30, "ndcg@10"), (7, "ndcg@10"), (30, "dcg@5"), (4, "ndcg@3"))]
+
+    def run(dev, dtype, n, util):
+        g = torch.Generator().manual_seed(n)
+        scores = torch.randn(3, n, generator=g, dtype=dtype).to(dev).requires_grad_(True)
+        relevance = torch.randint(0, 3, (3, n), generator=g).to(dev, dtype)
+        gen = torch.Generator(device=dev).manual_seed(1)
+        out = policy_gradient(scores, relevance, num_samples=6, utility=util, temperature=0.5, generator=gen)
+        out.loss.backward()
+        return out.loss.detach(), out.utility, scores.grad
+
+    _discount_table.cache_clear()
+    first = {c: run(*c) for c in calls}  # each (K, device, dtype) built on first use, then reused
+    again = {c: run(*c) for c in reversed(calls)}  # all from the cache, in another order
+    for c in calls:
+        _discount_table.cache_clear()  # a fresh build for this call alone
+        fresh = run(*c)
+        for a, b, f in zip(first[c], again[c], fresh):
+            assert torch.equal(a, b) and torch.equal(a, f), c
+    table = _discount_table(10, torch.device("cpu"), torch.float64)
+    assert torch.equal(table, 1.0 / torch.log2(torch.arange(2, 12, dtype=torch.float64)))
+    assert not table.requires_grad
+    with torch.inference_mode():
+        _discount_table.cache_clear()
+        get_utility("ndcg@3").whole(torch.tensor([[[0, 1, 2]]]), torch.ones(1, 3), None)
+    assert not _discount_table(3, torch.device("cpu"), torch.float32).is_inference()
