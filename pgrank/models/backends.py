@@ -134,12 +134,14 @@ def effective_backend(ref: "ModelRef", models: "ModelsConfig", device: str | Non
     return backend
 
 
-def embedding_key(ref: "ModelRef", backend: str) -> str:
+def embedding_key(ref: "ModelRef", backend: str, batch_size: int) -> str:
     """The key of a model's corpus embeddings under a backend: fp32 torch keeps the model's own key, every other
-    backend (and int8 per instruction set) gets its own artifact, so embeddings of two backends never mix."""
+    backend gets its own artifact, so embeddings of two backends never mix. int8 is keyed by instruction set
+    and batch size too: dynamic quantization scales activations per batch, so a text's int8 embedding
+    depends on the batch it was encoded in."""
     if backend == "torch":
         return ref.key
-    return f"{ref.key}+{backend}" + (f"-{int8_isa()}" if backend == "onnx-int8" else "")
+    return f"{ref.key}+{backend}" + (f"-{int8_isa()}-b{batch_size}" if backend == "onnx-int8" else "")
 
 
 def _export_key(ref: "ModelRef", backend: str) -> dict:
