@@ -143,8 +143,9 @@ def test_dense_scores_of_relevant_documents_ranked_low_are_their_real_scores(toy
     from pgrank.retrieval.dense.corpus_embeddings import open_corpus_embeddings
     from pgrank.retrieval.dense.encoding import encode_queries
 
+    # fp32 torch (not the machine's auto backend), so that the scores below can be recomputed exactly
     params, paths = make_params(toy, "mine.source=dense", f"mine.model={tiny_model_dir}", "mine.candidates=3",
-                                "mine.chunk_size=7", "mine.max_seq_length=32")
+                                "mine.chunk_size=7", "mine.max_seq_length=32", "models.backend=torch")
     mine(params, paths, "toy", "test", progress=False)
     sets = read_run(paths.candidates("toy", "test"))
     emb = open_corpus_embeddings(next((toy / "embeddings").iterdir()))
@@ -259,8 +260,14 @@ def test_dense_mining_with_real_minilm_on_a_scifact_slice(scifact, tmp_path, mon
     sets = read_run(paths.candidates("slice", "test"))
     assert len(sets) == 20 and all(len(docs) == 50 for docs in sets.values())
     assert all(set(qrels[q]) <= set(sets[q]) for q in qids)
-    artifact = next((tmp_path / "embeddings").iterdir())
-    assert artifact.name.startswith("sentence-transformers--all-MiniLM-L6-v2--L128--")
+    from pgrank.models.backends import effective_backend, embedding_key
+    from pgrank.models.hub import resolve_model
+    from pgrank.paths import slug
+
+    [artifact] = [p for p in (tmp_path / "embeddings").iterdir() if p.name != "exports"]  # exports: ONNX backends
+    ref = resolve_model("minilm", params.models)
+    key = embedding_key(ref, effective_backend(ref, params.models), 32)  # this machine's auto backend
+    assert artifact.name.startswith(f"{slug(key)}--L128--") and key.startswith("sentence-transformers/all-MiniLM-L6-v2")
     assert len(list(artifact.glob("shard-*.npy"))) == 3
     # MiniLM's own top 10 is good on this easy slice (the full-corpus figure is about 0.645).
     top10 = {q: dict(list(docs.items())[:10]) for q, docs in sets.items()}
