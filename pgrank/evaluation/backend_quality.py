@@ -73,7 +73,7 @@ def compare_backends(params: Params, paths: Paths, model: str, eval_sets: Sequen
         for eval_set in eval_sets:
             dataset = eval_set.partition("/")[0]
             store = open_corpus(paths, dataset)
-            built = (paths.corpus_embeddings(embedding_key(ref, backend, cfg.batch_size), cfg.max_seq_length, store.sha256)
+            built = (paths.corpus_embeddings(embedding_key(ref, backend), cfg.max_seq_length, store.sha256)
                      / "meta.json").is_file()
             start = time.perf_counter()
             model_corpus_embeddings(ref, p.models, paths, store, max_seq_length=cfg.max_seq_length,

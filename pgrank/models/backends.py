@@ -134,14 +134,14 @@ def effective_backend(ref: "ModelRef", models: "ModelsConfig", device: str | Non
     return backend
 
 
-def embedding_key(ref: "ModelRef", backend: str, batch_size: int) -> str:
+def embedding_key(ref: "ModelRef", backend: str) -> str:
     """The key of a model's corpus embeddings under a backend: fp32 torch keeps the model's own key, every other
-    backend gets its own artifact, so embeddings of two backends never mix. int8 is keyed by instruction set
-    and batch size too: dynamic quantization scales activations per batch, so a text's int8 embedding
-    depends on the batch it was encoded in."""
+    backend gets its own artifact, so embeddings of two backends never mix; int8 per instruction set too.
+    (Not per batch size: :class:`OnnxEncoder` runs one text at a time, so that dynamic quantization's
+    activation scale is the text's own.)"""
     if backend == "torch":
         return ref.key
-    return f"{ref.key}+{backend}" + (f"-{int8_isa()}-b{batch_size}" if backend == "onnx-int8" else "")
+    return f"{ref.key}+{backend}" + (f"-{int8_isa()}" if backend == "onnx-int8" else "")
 
 
 def _export_key(ref: "ModelRef", backend: str) -> dict:
@@ -280,24 +280,24 @@ class OnnxEncoder:
         default = self.model.default_prompt_name
         return prompts.get(default, "") if default else ""
 
-    def _encode(self, texts, prompt: str, batch_size: int) -> np.ndarray:
-        texts = [prompt + t for t in texts]
-        order = np.argsort([-len(t) for t in texts], kind="stable")
+    def _encode(self, texts, prompt: str) -> np.ndarray:
+        """One text per run: no padding, and an int8 embedding (one activation scale per run) depends on its
+        text alone, not on the batch it came in. On 2 cores this measured faster than batches of 16 too
+        (MiniLM, 256 tokens: int8 49.4 against 35.2 docs/s, fp32 31.9 against 25.6)."""
         out = None
-        for lo in range(0, len(texts), batch_size):
-            idx = order[lo : lo + batch_size]
-            features = _features(self.model, [texts[i] for i in idx])
+        for i, text in enumerate(texts):
+            features = _features(self.model, [prompt + text])
             (emb,) = self.session.run([_OUTPUT], {n: features[n].numpy().astype(np.int64) for n in self.inputs})
             if out is None:
                 out = np.empty((len(texts), emb.shape[1]), dtype=np.float32)
-            out[idx] = emb
+            out[i] = emb[0]
         return out if out is not None else np.empty((0, self.model.get_sentence_embedding_dimension()), np.float32)
 
-    def encode_query(self, texts, *, batch_size: int = 32, **_) -> np.ndarray:
-        return self._encode(list(texts), self._prompt(("query",)), batch_size)
+    def encode_query(self, texts, **_) -> np.ndarray:
+        return self._encode(list(texts), self._prompt(("query",)))
 
-    def encode_document(self, texts, *, batch_size: int = 32, pool=None, **_) -> np.ndarray:
-        return self._encode(list(texts), self._prompt(("document", "passage", "corpus")), batch_size)
+    def encode_document(self, texts, **_) -> np.ndarray:
+        return self._encode(list(texts), self._prompt(("document", "passage", "corpus")))
 
 
 class AutocastEncoder:

@@ -163,7 +163,7 @@ def test_trained_pair_and_warm_start_end_to_end(tmp_path, tiny_model_dir):
     assert set(record["significance"]["p_values"]) == set(record["metrics"])
     assert json.loads((warm["rerank"].folder / "metrics.json").read_text())["significance"] is None
     # the query-tower pair reused the warm start's corpus artifact: only one was ever built
-    assert len([p for p in paths.embeddings.iterdir() if p.is_dir()]) == 1
+    assert len(corpus_artifacts(paths)) == 1
 
 
 def test_a_query_tower_checkpoint_listed_as_a_dense_system_is_its_policy(tmp_path, tiny_model_dir):
@@ -184,7 +184,7 @@ def test_a_query_tower_checkpoint_listed_as_a_dense_system_is_its_policy(tmp_pat
     policy = {r.stage: r.metrics for r in evaluate(params, paths, f"pgrank-{name}", "toy/validation")}
     listed = {r.stage: r.metrics for r in evaluate(params, paths, folder, "toy/validation")}
     assert listed == policy and set(listed) == {"rerank", "full"}
-    assert len([p for p in paths.embeddings.iterdir() if p.is_dir()]) == 1
+    assert len(corpus_artifacts(paths)) == 1
 
 
 def test_sparse_encoder_baseline_runs_end_to_end(tmp_path, tiny_model_dir, tiny_splade_dir):
@@ -242,7 +242,12 @@ def test_rerank_only_checkpoints_encode_only_their_candidates(tmp_path, tiny_mod
     assert {(r.system.partition("@")[2], r.stage) for r in results} == {("", "rerank"), ("", "full"), ("1", "rerank")}
     candidates = np.unique(open_candidates(paths, "toy", "validation").rows)
     corpus_size = 12 * 6
-    built = {p.name for p in paths.embeddings.iterdir() if p.is_dir() and not p.name.startswith(".")} - before
+    built = {p.name for p in corpus_artifacts(paths) if not p.name.startswith(".")} - before
     assert len(built) == 1  # the last epoch's artifact (first stage); none for epoch 1
     assert sum(encoded) == corpus_size + len(candidates) and len(candidates) < corpus_size
     assert not [p for p in paths.embeddings.iterdir() if p.name.startswith(".subset-")]  # scratch removed
+
+
+def corpus_artifacts(paths) -> list:
+    """The corpus-embedding artifacts built (not the ONNX exports a CPU's auto backend keeps beside them)."""
+    return [p for p in paths.embeddings.iterdir() if p.is_dir() and p.name != "exports"]

@@ -266,7 +266,7 @@ def test_dense_mining_with_real_minilm_on_a_scifact_slice(scifact, tmp_path, mon
 
     [artifact] = [p for p in (tmp_path / "embeddings").iterdir() if p.name != "exports"]  # exports: ONNX backends
     ref = resolve_model("minilm", params.models)
-    key = embedding_key(ref, effective_backend(ref, params.models), 32)  # this machine's auto backend
+    key = embedding_key(ref, effective_backend(ref, params.models))  # this machine's auto backend
     assert artifact.name.startswith(f"{slug(key)}--L128--") and key.startswith("sentence-transformers/all-MiniLM-L6-v2")
     assert len(list(artifact.glob("shard-*.npy"))) == 3
     # MiniLM's own top 10 is good on this easy slice (the full-corpus figure is about 0.645).

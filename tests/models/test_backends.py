@@ -56,13 +56,20 @@ def test_backends_per_model_override_the_default(tiny_model_dir):
 
 def test_every_backend_has_its_own_embedding_artifact_and_torch_keeps_the_old_key(tiny_model_dir):
     ref = resolve_model(str(tiny_model_dir), ModelsConfig())
-    keys = {b: embedding_key(ref, b, 16) for b in ("torch", "torch-bf16", "onnx", "onnx-int8")}
+    keys = {b: embedding_key(ref, b) for b in ("torch", "torch-bf16", "onnx", "onnx-int8")}
     assert keys["torch"] == ref.key
     assert len(set(keys.values())) == 4
-    assert keys["onnx-int8"].endswith(f"{int8_isa()}-b16")
-    # int8 embeddings depend on the batch (one activation scale per batch); the others do not
-    assert embedding_key(ref, "onnx-int8", 64) != keys["onnx-int8"]
-    assert embedding_key(ref, "onnx", 64) == keys["onnx"] and embedding_key(ref, "torch", 64) == ref.key
+    assert keys["onnx-int8"].endswith(int8_isa())
+
+
+@pytest.mark.parametrize("backend", ["onnx", "onnx-int8"])
+def test_an_onnx_embedding_depends_on_its_text_alone_not_on_its_batch(tmp_path, tiny_model_dir, backend):
+    """Dynamic int8 quantization scales activations per run: texts are run one at a time, so a text's
+    embedding is the same alone, among others, and whatever batch size is asked for."""
+    encoder, _ = load_inference_encoder(str(tiny_model_dir), ModelsConfig(), paths_at(tmp_path), backend=backend)
+    together = encoder.encode_document(TEXTS, batch_size=4)
+    for i, text in enumerate(TEXTS):
+        np.testing.assert_array_equal(encoder.encode_document([text], batch_size=1)[0], together[i])
 
 
 def test_a_model_that_does_not_export_runs_torch_under_auto_and_is_refused_by_name(tmp_path, tiny_model_dir):
@@ -147,6 +154,6 @@ def test_corpus_embeddings_are_keyed_by_backend(tmp_path, tiny_model_dir):
     arts = {b: model_corpus_embeddings(ref, ModelsConfig(backend=b), paths, corpus, max_seq_length=64, batch_size=2,
                                        chunk_size=3, show_progress=False) for b in ("torch", "onnx")}
     assert arts["torch"].folder != arts["onnx"].folder
-    assert arts["torch"].meta["model"] == ref.key and arts["onnx"].meta["model"] == embedding_key(ref, "onnx", 2)
+    assert arts["torch"].meta["model"] == ref.key and arts["onnx"].meta["model"] == embedding_key(ref, "onnx")
     a, b = arts["torch"].rows(0, len(TEXTS)), arts["onnx"].rows(0, len(TEXTS))
     np.testing.assert_allclose(a, b, atol=2e-3)  # float16 shards of the same embeddings

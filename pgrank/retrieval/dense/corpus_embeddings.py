@@ -279,7 +279,7 @@ def model_corpus_embeddings(
 
     sha = store.sha256
     backend = effective_backend(ref, models)
-    key = embedding_key(ref, backend, batch_size)  # fp32 and bf16 / int8 embeddings are separate artifacts
+    key = embedding_key(ref, backend)  # fp32 and bf16 / int8 embeddings are separate artifacts
     folder = paths.corpus_embeddings(key, max_seq_length, sha)
     loader = load_model or (lambda: load_inference_encoder(ref, models, paths, max_seq_length=max_seq_length,
                                                            backend=backend)[0])

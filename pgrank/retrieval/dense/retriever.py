@@ -107,7 +107,7 @@ class DenseRetriever:
             resolve_model(system.query_model, params.models)
         self.store = open_corpus(paths, dataset, progress=progress)
         self.doc_ids = self.store.ids
-        key = embedding_key(document_ref, effective_backend(document_ref, params.models), batch_size)
+        key = embedding_key(document_ref, effective_backend(document_ref, params.models))
         artifact = paths.corpus_embeddings(key, max_seq_length, self.store.sha256)
         if candidates is not None and not (artifact / "meta.json").is_file():
             self.emb = SubsetEmbeddings(self._document_model(), self.store, candidates, paths.embeddings,
