@@ -70,14 +70,17 @@ class OfflineModel(_Section):
         return self
 
 
+InferenceBackend = Literal["auto", "torch", "torch-bf16", "onnx", "onnx-int8"]  # pgrank.models.backends
+
+
 class ModelsConfig(_Section):
     """Hub ids by short alias, plus offline copies keyed by hub id."""
 
     aliases: dict[str, str] = Field(default_factory=dict)
     offline: dict[str, OfflineModel] = Field(default_factory=dict)
-    backend: Literal["auto", "torch", "torch-bf16", "onnx", "onnx-int8"] = Field(
+    backend: InferenceBackend = Field(
         default="auto", description="how models run forward outside training (pgrank.models.backends); auto: by device and CPU")
-    backends: dict[str, Literal["auto", "torch", "torch-bf16", "onnx", "onnx-int8"]] = Field(
+    backends: dict[str, InferenceBackend] = Field(
         default_factory=dict, description="per model (alias or hub id), overriding backend")
 
 
