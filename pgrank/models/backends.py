@@ -54,7 +54,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-BACKENDS = ("torch", "torch-bf16", "onnx", "onnx-int8")
 FORMAT = "pgrank-onnx-export/1"
 _EXPORTABLE = {"Transformer", "Pooling", "Normalize", "Dense"}  # sentence-transformers module classes
 _OUTPUT = "sentence_embedding"
@@ -94,26 +93,29 @@ def requested_backend(ref: "ModelRef", models: "ModelsConfig") -> str:
     return models.backends.get(ref.name) or models.backends.get(ref.hub_id) or models.backend
 
 
-def _module_types(ref: "ModelRef") -> list[str] | None:
-    """The class names of the model's sentence-transformers modules (``modules.json``), or None if unknown."""
+def _model_json(ref: "ModelRef", name: str) -> dict | list | None:
+    """A JSON file of the model (its folder, or the hub's cache), or None where there is none."""
     if ref.local_dir is not None:
-        path = ref.local_dir / "modules.json"
+        path = ref.local_dir / name
     else:
         try:
             from huggingface_hub import hf_hub_download
 
-            path = Path(hf_hub_download(ref.hub_id, "modules.json"))
+            path = Path(hf_hub_download(ref.hub_id, name))
         except Exception:  # noqa: BLE001 - offline or not a sentence-transformers repo: decided at load time
             return None
-    if not path.is_file():
-        return None
-    return [m.get("type", "").rsplit(".", 1)[-1] for m in json.loads(path.read_text(encoding="utf-8"))]
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
 
 def exports(ref: "ModelRef") -> bool:
-    """Whether the model's pipeline is one ONNX graph can hold (transformer, pooling, dense, normalize)."""
-    types = _module_types(ref)
-    return bool(types) and types[0] == "Transformer" and set(types) <= _EXPORTABLE
+    """Whether the model's pipeline is one ONNX graph can hold: a transformer, then pooling, dense and normalize
+    modules, with no pooling that leaves the prompt's tokens out (the graph pools every token it is given)."""
+    modules = _model_json(ref, "modules.json") or []
+    types = [m.get("type", "").rsplit(".", 1)[-1] for m in modules]
+    if not types or types[0] != "Transformer" or not set(types) <= _EXPORTABLE:
+        return False
+    return not any((_model_json(ref, f"{m['path']}/config.json") or {}).get("include_prompt", True) is False
+                   for m, t in zip(modules, types) if t == "Pooling")
 
 
 def effective_backend(ref: "ModelRef", models: "ModelsConfig", device: str | None = None) -> str:
@@ -130,7 +132,8 @@ def effective_backend(ref: "ModelRef", models: "ModelsConfig", device: str | Non
         return backend
     if backend.startswith("onnx") and not exports(ref):
         raise PgrankError(f"params.yaml: models.backend{'s.' + ref.name if ref.name in models.backends else ''} = {backend!r}: "
-                          f"{ref.name} does not export to ONNX (modules other than {sorted(_EXPORTABLE)}); use torch")
+                          f"{ref.name} does not export to ONNX (modules other than {sorted(_EXPORTABLE)}, or pooling "
+                          "without the prompt's tokens); use torch")
     return backend
 
 
@@ -254,7 +257,7 @@ class OnnxEncoder:
     """A sentence-transformers model's ``encode_query`` / ``encode_document`` run by ONNX Runtime.
 
     The model's tokenizer, truncation length and prompts are used as sentence-transformers uses them;
-    texts are sorted by length within each call so that batches pad little.
+    texts run one at a time (:meth:`_encode`).
     """
 
     def __init__(self, model: "SentenceTransformer", graph: Path, inputs: list[str], threads: int):

@@ -86,6 +86,21 @@ def test_a_model_that_does_not_export_runs_torch_under_auto_and_is_refused_by_na
         effective_backend(ref, ModelsConfig(backend="onnx-int8"))
 
 
+def test_pooling_that_leaves_the_prompt_out_does_not_export(tmp_path, tiny_model_dir):
+    import shutil
+
+    folder = tmp_path / "prompt-free-pooling"
+    shutil.copytree(tiny_model_dir, folder)
+    [pooling] = [m for m in json.loads((folder / "modules.json").read_text()) if m["type"].endswith("Pooling")]
+    config = folder / pooling["path"] / "config.json"
+    config.write_text(json.dumps(dict(json.loads(config.read_text()), include_prompt=False)))
+    ref = resolve_model(str(folder), ModelsConfig())
+    assert effective_backend(ref, ModelsConfig(backend="auto"), "cpu") in {"torch", "torch-bf16"}
+    with pytest.raises(PgrankError, match="does not export to ONNX"):
+        effective_backend(ref, ModelsConfig(backend="onnx"))
+    assert effective_backend(resolve_model(str(tiny_model_dir), ModelsConfig()), ModelsConfig(backend="onnx")) == "onnx"
+
+
 @pytest.mark.parametrize("backend, floor", [("onnx", 0.99999), ("onnx-int8", 0.95), ("torch-bf16", 0.99)])
 def test_backends_encode_like_torch(tmp_path, tiny_model_dir, backend, floor):
     models, paths = ModelsConfig(), paths_at(tmp_path)
