@@ -2,7 +2,7 @@
 
 1. Throughput: the first ``--docs`` SciFact passages (``(title + " " + text).strip()``, 256 tokens) encoded
    by each backend in one process, best of ``--repeats``, after one warm-up batch; docs/s and the ratio
-   to torch fp32. ``auto`` is what :func:`pgrank.models.backends.auto_backend` picks on this machine.
+   to torch fp32. ``auto`` is what :func:`pgrank.models.backends.auto_inference_backend` picks on this machine.
 2. Quality guard (:func:`pgrank.evaluation.backend_quality.compare_backends`): each backend encodes the
    whole SciFact and NFCorpus corpora into its own artifact and is evaluated first stage; nDCG@10 and
    the difference to torch fp32 against the bounds (0.005; onnx-int8 0.01).
@@ -49,7 +49,7 @@ def main() -> None:
     from pgrank.data.corpus_store import open_corpus
     from pgrank.data.download import download
     from pgrank.evaluation.backend_quality import BOUNDS, compare_backends
-    from pgrank.models.backends import auto_backend, cpu_flags, int8_isa
+    from pgrank.models.backends import auto_inference_backend, cpu_flags, int8_isa
     from pgrank.paths import Paths
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -72,7 +72,7 @@ def main() -> None:
     download(params, paths, datasets, config_dir=root, progress=False)
     flags = cpu_flags()
     print(f"CPU: {torch.get_num_threads()} threads, amx_bf16={'amx_bf16' in flags}, "
-          f"avx512_vnni={'avx512_vnni' in flags}; int8 for {int8_isa(flags)}; auto -> {auto_backend('cpu', flags)}")
+          f"avx512_vnni={'avx512_vnni' in flags}; int8 for {int8_isa(flags)}; auto -> {auto_inference_backend('cpu', flags)}")
 
     store = open_corpus(paths, "scifact")
     _, texts = next(store.text_blocks(0, min(args.docs, len(store)), block=args.docs))

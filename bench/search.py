@@ -29,7 +29,7 @@ def main() -> None:
     import torch
 
     from pgrank.data.runs import id_ranks
-    from pgrank.retrieval.dense.exact_search import auto_backend, dense_search, gpu_available
+    from pgrank.retrieval.dense.exact_search import auto_search_backend, dense_search, faiss_gpu_available
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--docs", type=int, default=100_000)
@@ -56,7 +56,7 @@ def main() -> None:
 
     print(f"exact search: {args.queries} queries x {args.docs} docs x {args.dim} dims, top {args.k}, blocks of "
           f"{args.block} rows, best of {args.repeats} (torch threads={torch.get_num_threads()}, FAISS GPU: "
-          f"{gpu_available()}, auto -> {auto_backend()})")
+          f"{faiss_gpu_available()}, auto -> {auto_search_backend()})")
     print("| backend | seconds | queries/s | time / torch |\n|---|---:|---:|---:|")
     for backend, seconds in best.items():
         print(f"| {backend} | {seconds:.3f} | {args.queries / seconds:.0f} | {seconds / best['torch']:.2f} |")

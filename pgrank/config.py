@@ -62,6 +62,8 @@ class OfflineModel(_Section):
     path: str | None = None
     package: str | None = None
     sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    revision: str | None = Field(default=None, description="the hub revision this copy holds; a different "
+                                 "models.revisions pin is an error")
 
     @model_validator(mode="after")
     def _one_source(self) -> "OfflineModel":
@@ -82,6 +84,11 @@ class ModelsConfig(_Section):
         default="auto", description="how models run forward outside training (pgrank.models.backends); auto: by device and CPU")
     backends: dict[str, InferenceBackend] = Field(
         default_factory=dict, description="per model (alias or hub id), overriding backend")
+    revisions: dict[str, str] = Field(
+        default_factory=dict, description="hub revision (commit, tag, branch or refs/pr/N) per model (alias or hub id)")
+    processes_per_gpu: PositiveInt = Field(
+        default=4, description="processes encoding a corpus on each GPU (sentence-transformers' pool): tokenizing on the "
+                               "CPU overlaps the GPU's work")
 
 
 class TrackingConfig(_Section):
@@ -365,8 +372,9 @@ class ChampionConfig(_Section):
 class SearchConfig(_Section):
     """First-stage dense search (:func:`pgrank.retrieval.dense.exact_search.dense_search`), for mining and evaluation."""
 
-    backend: Literal["auto", "torch", "faiss"] = Field(
-        default="auto", description="auto: FAISS where it sees a GPU, else torch (faster on CPU); both exact with index Flat")
+    backend: Literal["auto", "torch", "faiss", "faiss-gpu"] = Field(
+        default="auto", description="auto: FAISS where it sees a GPU (faiss-gpu), else torch (on CUDA where torch sees a GPU; "
+                                    "faster than FAISS on a CPU); all exact with index Flat")
     index: str = Field(
         default="Flat", min_length=1,
         description="FAISS index_factory string: Flat is exact; e.g. IVF4096,Flat or HNSW32 is approximate (FAISS, whole corpus in memory)")

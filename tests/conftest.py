@@ -6,11 +6,15 @@
 * ``tiny_model_dir``: a tiny BERT sentence-transformers model built from a config in code (random
   weights, MiniLM's tokenizer), for tests that need an encoder but not real quality.
 * ``tiny_splade_dir``: a tiny SPLADE-style ``SparseEncoder`` built in code, likewise.
+* ``paper_model``: ``paper_model(kind)`` is a tiny random-weight model with the module stack of one of the paper's
+  models (``gtr-t5``, ``sbert``, ``tas-b``, ``splade``; ``bench/paper_models.py``), tokenizer built in code: no
+  download and no MiniLM package needed (the GPU tests use these).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -85,3 +89,19 @@ def tiny_splade_dir(tmp_path_factory, minilm_path) -> Path:
     out = tmp_path_factory.mktemp("tiny-splade")
     SparseEncoder(modules=[MLMTransformer(str(hf), max_seq_length=32), SpladePooling("max")], device="cpu").save(str(out))
     return out
+
+
+@pytest.fixture(scope="session")
+def paper_model(tmp_path_factory):
+    """``paper_model(kind)``: the folder of a tiny model with the paper model's module stack, built once per kind."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import paper_models
+
+    built: dict[str, Path] = {}
+
+    def build(kind: str) -> Path:
+        if kind not in built:
+            built[kind] = paper_models.build(kind, tmp_path_factory.mktemp(f"paper-{kind}") / "model", size="tiny")
+        return built[kind]
+
+    return build

@@ -4,18 +4,24 @@ Mining, the frozen document tower, and the evaluation of baselines and policies 
 forward; on a CPU, how they run decides most of a cold run's time. Backends (``models.backend``, per
 model ``models.backends``):
 
-``torch``       sentence-transformers as is, fp32 (the reference).
-``torch-bf16``  the same under ``torch.autocast(bfloat16)``: on CPUs with AMX-BF16 (Sapphire Rapids and
-                later) oneDNN runs the matrix products on AMX tiles.
+``torch``       sentence-transformers as is, fp32 (the reference); on CUDA with TF32 matrix products
+                (:func:`use_tf32`).
+``torch-bf16``  bfloat16. On CUDA the weights are cast to bf16 (sentence-transformers' documented way to run a
+                model in half precision), so that the model stays a ``SentenceTransformer`` and several GPUs
+                encode through its multi-process pool. On a CPU the forward passes run under
+                ``torch.autocast(bfloat16)``: on CPUs with AMX-BF16 (Sapphire Rapids and later) oneDNN runs
+                the matrix products on AMX tiles. bf16 keeps float32's range, so T5 (which overflows in
+                float16) is safe in it.
 ``onnx``        the whole pipeline (transformer, pooling, normalization) exported with ``torch.onnx`` and
                 run by ONNX Runtime, fp32.
 ``onnx-int8``   that graph with ONNX Runtime's dynamic int8 quantization of its MatMul weights, per
                 channel; without AVX512-VNNI the weights use 7 bits (``reduce_range``, ONNX Runtime's
                 advice for non-VNNI CPUs). The instruction set is detected at run time and is part of the
                 export's key.
-``auto``        ``torch`` on CUDA; on a CPU, the backend measured fastest for it within the quality bounds
-                (:func:`auto_backend`). A model whose pipeline does not export (a ``Router``, a static
-                embedding, prompts excluded from pooling) runs ``torch``.
+``auto``        ``torch-bf16`` on CUDA; on a CPU, the backend measured fastest for it within the quality
+                bounds (:func:`auto_inference_backend`). A model whose pipeline does not export (a ``Router``,
+                a static embedding, prompts excluded from pooling), or whose weights are too large to export
+                sensibly on a CPU (:data:`ONNX_MAX_WEIGHT_BYTES`: gtr-t5-xl's 4.9 GB), runs ``torch``.
 
 sentence-transformers' own ``backend="onnx"`` needs ``optimum-onnx``, whose releases pin
 ``transformers<4.58`` while sentence-transformers 6 needs ``transformers>=5``; so the export here uses
@@ -57,6 +63,9 @@ log = logging.getLogger(__name__)
 FORMAT = "pgrank-onnx-export/1"
 _EXPORTABLE = {"Transformer", "Pooling", "Normalize", "Dense"}  # sentence-transformers module classes
 _OUTPUT = "sentence_embedding"
+# Above ONNX's 2 GB protobuf limit a graph needs external data files, and exporting and quantizing a
+# billion-parameter model takes a CPU tens of minutes and several times its size in memory: such models run torch.
+ONNX_MAX_WEIGHT_BYTES = 2**31
 
 
 def cpu_flags() -> frozenset[str]:
@@ -77,13 +86,28 @@ def int8_isa(flags: frozenset[str] | None = None) -> str:
     return "avx512_vnni" if "avx512_vnni" in flags or "amx_int8" in flags else "avx2"
 
 
-def auto_backend(device: str | None = None, flags: frozenset[str] | None = None) -> str:
-    """The measured rule behind ``auto`` (README, benchmark section): ``torch`` on CUDA; ``torch-bf16`` on a
-    CPU with AMX-BF16 (2.7x torch fp32 for MiniLM, nDCG@10 within 0.005); ``onnx-int8`` on other CPUs."""
+def on_cuda(device: str | None = None) -> bool:
+    """Whether models run on CUDA: ``device`` as given, or (``None``) wherever torch sees a GPU."""
     import torch
 
-    if (device or "").startswith("cuda") or (device is None and torch.cuda.is_available()):
-        return "torch"
+    return (device or "").startswith("cuda") or (device is None and torch.cuda.is_available())
+
+
+def use_tf32() -> None:
+    """Let float32 matrix products on CUDA run as TF32 (Ampere and later: about 8x the fp32 rate; 10 bits of
+    mantissa in the products, float32 accumulation). Called wherever pgrank puts a model on a GPU."""
+    import torch
+
+    torch.set_float32_matmul_precision("high")
+    torch.backends.cudnn.allow_tf32 = True
+
+
+def auto_inference_backend(device: str | None = None, flags: frozenset[str] | None = None) -> str:
+    """The measured rule behind ``models.backend: auto``: ``torch-bf16`` on CUDA (``python bench/gpu.py``);
+    ``torch-bf16`` on a CPU with AMX-BF16 (2.7x torch fp32 for MiniLM, nDCG@10 within 0.005,
+    ``python bench/backends.py``); ``onnx-int8`` on other CPUs."""
+    if on_cuda(device):
+        return "torch-bf16"
     flags = cpu_flags() if flags is None else flags
     return "torch-bf16" if "amx_bf16" in flags else "onnx-int8"
 
@@ -118,33 +142,55 @@ def exports(ref: "ModelRef") -> bool:
                    for m, t in zip(modules, types) if t == "Pooling")
 
 
+def weight_bytes(ref: "ModelRef") -> int | None:
+    """Bytes of the model's safetensors weights: a local folder's files, else the hub's file listing (at the
+    pinned revision); ``None`` where neither can be read (offline and not cached)."""
+    if ref.local_dir is not None:
+        return sum(p.stat().st_size for p in ref.local_dir.rglob("*.safetensors")) or None
+    try:
+        from huggingface_hub import HfApi
+
+        info = HfApi().model_info(ref.hub_id, revision=ref.revision, files_metadata=True)
+        return sum(f.size or 0 for f in info.siblings or [] if f.rfilename.endswith(".safetensors")) or None
+    except Exception:  # noqa: BLE001 - offline, or no such repository: decided at load time
+        return None
+
+
 def effective_backend(ref: "ModelRef", models: "ModelsConfig", device: str | None = None) -> str:
-    """The backend a model runs with: ``auto`` resolved (:func:`auto_backend`), ONNX only where it exports.
+    """The backend a model runs with: ``auto`` resolved (:func:`auto_inference_backend`), ONNX only where the
+    model exports and is small enough to (:data:`ONNX_MAX_WEIGHT_BYTES`; larger ones run torch, with a warning).
 
     Raises:
-        PgrankError: an ONNX backend asked for by name for a model that does not export.
+        PgrankError: an ONNX backend asked for by name for a model whose architecture does not export.
     """
     backend = requested_backend(ref, models)
     if backend == "auto":
-        backend = auto_backend(device)
+        backend = auto_inference_backend(device)
         if backend.startswith("onnx") and not exports(ref):
             return "torch"
-        return backend
-    if backend.startswith("onnx") and not exports(ref):
+    elif backend.startswith("onnx") and not exports(ref):
         raise PgrankError(f"params.yaml: models.backend{'s.' + ref.name if ref.name in models.backends else ''} = {backend!r}: "
                           f"{ref.name} does not export to ONNX (modules other than {sorted(_EXPORTABLE)}, or pooling "
                           "without the prompt's tokens); use torch")
+    if backend.startswith("onnx"):
+        size = weight_bytes(ref)
+        if size is not None and size > ONNX_MAX_WEIGHT_BYTES:
+            log.warning("%s: %.1f GB of weights is too large to export to ONNX sensibly on a CPU (over %.1f GB); "
+                        "running it with torch instead of %s", ref.name, size / 1e9, ONNX_MAX_WEIGHT_BYTES / 1e9, backend)
+            return "torch"
     return backend
 
 
-def embedding_key(ref: "ModelRef", backend: str) -> str:
+def embedding_key(ref: "ModelRef", backend: str, device: str | None = None) -> str:
     """The key of a model's corpus embeddings under a backend: fp32 torch keeps the model's own key, every other
-    backend gets its own artifact, so embeddings of two backends never mix; int8 per instruction set too.
+    backend gets its own artifact, so embeddings of two backends never mix; int8 per instruction set, and bf16 per
+    kind of device (bf16 weights on CUDA, bf16 autocast on a CPU: not the same numbers).
     (Not per batch size: :class:`OnnxEncoder` runs one text at a time, so that dynamic quantization's
     activation scale is the text's own.)"""
     if backend == "torch":
         return ref.key
-    return f"{ref.key}+{backend}" + (f"-{int8_isa()}" if backend == "onnx-int8" else "")
+    suffix = {"onnx-int8": f"-{int8_isa()}", "torch-bf16": "-cuda" if on_cuda(device) else ""}.get(backend, "")
+    return f"{ref.key}+{backend}{suffix}"
 
 
 def _export_key(ref: "ModelRef", backend: str) -> dict:
@@ -346,6 +392,8 @@ def load_inference_encoder(name, models: "ModelsConfig", paths: "Paths", *, devi
     if backend == "torch":
         return model, backend
     if backend == "torch-bf16":
+        if model.device.type == "cuda":  # bf16 weights: still a SentenceTransformer, so the multi-GPU pool works
+            return model.to(torch.bfloat16), backend
         return AutocastEncoder(model), backend
     folder, meta = onnx_export(model, ref, backend, paths)
     return OnnxEncoder(model, folder / meta["file"], meta["inputs"], torch.get_num_threads()), backend

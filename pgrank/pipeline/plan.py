@@ -15,8 +15,11 @@ warm start, evaluation per system and dataset) the plan counts:
   loads it).
 
 Dataset sizes come from the data on disk when it is downloaded, else from BEIR's published sizes
-(:data:`pgrank.data.catalogue.BEIR_SIZES`). ``--calibrate`` measures each model's throughput on the
-present device (inference and, for warm starts, forward+backward) and turns the counts into hours.
+(:data:`pgrank.data.catalogue.BEIR_SIZES`). Hours come from throughput rates (:mod:`pgrank.pipeline.rates`):
+``--calibrate`` measures each model on the machine at hand (inference and, for warm starts, forward+backward, at
+texts of 32 to 512 tokens, CUDA-synchronised); without it the paper's models are priced from the rates
+``bench/gpu.py`` measured on a GPU (``measured_rates.yaml``). Either way each stage's texts are as long as its
+dataset's mean length, and the output says which rates it used.
 
 The paper's "# rankings sampled per epoch: 5000" is ambiguous (PAPER.md): read as samples per query
 with every training query each epoch (``train.queries_per_epoch: null``), ``tower: both`` encodes
@@ -31,15 +34,13 @@ Example:
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, field, replace
-
-import numpy as np
 
 from pgrank.config import Params
 from pgrank.data.catalogue import BEIR_SIZES
 from pgrank.errors import PgrankError
 from pgrank.paths import CARVED_TRAIN, VALIDATION, Paths, policy_name
+from pgrank.pipeline.rates import ModelRates, mean_words, measure_rates, table_device, table_rates, tokens_of
 
 # What a model is, for artifact sizes without loading it: embedding dimension, parameters.
 MODEL_FACTS: dict[str, tuple[int, int]] = {
@@ -70,6 +71,8 @@ class Line:
     note: str = ""
     encode_model: str | None = None  # whose throughput prices the encodes (default: model)
     hours: float | None = None
+    doc_tokens: int = 0  # mean tokens of the documents it encodes (its corpus's mean length, truncated)
+    query_tokens: int = 0  # likewise for its queries
 
 
 @dataclass
@@ -77,8 +80,10 @@ class Plan:
     profile: str
     sizes: dict[str, dict[str, int]]
     lines: list[Line] = field(default_factory=list)
-    rates: dict[str, dict[str, float]] = field(default_factory=dict)  # model -> docs/s (calibrated)
+    rates: dict[str, ModelRates | str] = field(default_factory=dict)  # model -> its rates, or why it has none
     device: str | None = None
+    pricing: str = ""  # which rates priced the hours
+    words: dict[str, tuple[float, float]] = field(default_factory=dict)  # dataset -> (query, document) mean words
 
 
 def dataset_sizes(params: Params, paths: Paths, dataset: str) -> dict[str, int]:
@@ -122,8 +127,14 @@ def make_plan(params: Params, paths: Paths, profile: str = "paper") -> Plan:
     sizes = {d: dataset_sizes(params, paths, d)
              for d in dict.fromkeys([train_dataset, *(d for d, _ in held_out), *eval_sets])}
     plan = Plan(profile, sizes)
+    plan.words = {d: mean_words(paths, d)[0] for d in sizes}
     built: set[tuple[str, int, str]] = set()  # corpus-embedding artifacts, as the pipeline reuses them
     mine, C = params.mine, params.mine.candidates
+
+    def lengths(line: Line, dataset: str, doc_limit: int, query_limit: int) -> Line:
+        q, d = plan.words[dataset]
+        line.doc_tokens, line.query_tokens = tokens_of(d, doc_limit), tokens_of(q, query_limit)
+        return line
 
     def artifact(model: str, length: int, dataset: str) -> tuple[int, int | None, str]:
         """Documents to encode and bytes for (model, length, corpus); 0 if an earlier stage built it."""
@@ -152,8 +163,8 @@ def make_plan(params: Params, paths: Paths, profile: str = "paper") -> Plan:
         disk = pairs * STORE_PAIR_BYTES + trec * TREC_LINE_BYTES
         if mine.source == "dense":
             docs, emb, note = artifact(mine.model, mine.max_seq_length, dataset)
-            add(Line(stage, mine.model, docs=docs, queries=queries, pairs=pairs,
-                     disk=None if emb is None else disk + emb, note=note))
+            add(lengths(Line(stage, mine.model, docs=docs, queries=queries, pairs=pairs,
+                           disk=None if emb is None else disk + emb, note=note), dataset, mine.max_seq_length, mine.max_seq_length))
         elif mine.source == "bm25":
             add(Line(stage, "bm25", pairs=pairs, disk=disk, note="BM25 index: ? bytes"))
         else:
@@ -195,7 +206,7 @@ def make_plan(params: Params, paths: Paths, profile: str = "paper") -> Plan:
                 line.docs, emb, reuse = artifact(warm, cfg.max_doc_length, train_dataset)
                 line.disk = None if checkpoints is None or emb is None else checkpoints + emb
                 line.note = line.note or reuse
-            add(line)
+            add(lengths(line, train_dataset, cfg.max_doc_length, cfg.max_query_length))
 
     # ---- evaluation, one stage per system and dataset
     ev = params.evaluate
@@ -209,11 +220,11 @@ def make_plan(params: Params, paths: Paths, profile: str = "paper") -> Plan:
             add(Line(f"evaluate-bm25@{system}-{dataset}", "bm25", pairs=rerank, disk=results))
         for system in ev.systems.dense:
             docs, emb, note = artifact(system, ev.max_seq_length, dataset) if full else (0, 0, "rerank only")
-            add(Line(f"evaluate-dense@{system}-{dataset}", system, docs=docs, queries=queries, pairs=rerank,
-                     disk=None if emb is None else emb + results, note=note))
+            add(lengths(Line(f"evaluate-dense@{system}-{dataset}", system, docs=docs, queries=queries, pairs=rerank,
+                             disk=None if emb is None else emb + results, note=note), dataset, ev.max_seq_length, ev.max_seq_length))
         for system in ev.systems.sparse:
-            add(Line(f"evaluate-sparse@{system}-{dataset}", system, docs=n, queries=queries, pairs=rerank, disk=None,
-                     note="corpus matrix: ? bytes"))
+            add(lengths(Line(f"evaluate-sparse@{system}-{dataset}", system, docs=n, queries=queries, pairs=rerank, disk=None,
+                             note="corpus matrix: ? bytes"), dataset, ev.max_seq_length, ev.max_seq_length))
         for warm, objective in [(w, o) for w in cfg.warm_starts for o in cfg.objectives]:
             if cfg.tower == "query":
                 docs, emb, note = artifact(warm, ev.max_seq_length, dataset) if full else (0, 0, "")
@@ -221,12 +232,55 @@ def make_plan(params: Params, paths: Paths, profile: str = "paper") -> Plan:
                 docs, emb, note = (n, None if _facts(params, warm)[1] is None else n * _facts(params, warm)[1] * 2, "")
             kept = [e for e in ev.policy_epochs if e in cfg.keep_epochs and 0 < e < cfg.epochs]
             subset = 0 if cfg.tower == "query" else len(kept) * min(n, rerank)  # rerank-only: candidates alone
-            add(Line(f"evaluate-policy@{warm}-{objective}-{dataset}", policy_name(warm, objective), docs=docs + subset,
-                     queries=queries * (1 + len(kept)), pairs=rerank * (1 + len(kept)),
-                     disk=None if emb is None else emb + results * 2,
-                     note=(note + (f"; epochs {kept}: rerank only" if kept else "")).strip("; "), encode_model=warm))
+            add(lengths(Line(f"evaluate-policy@{warm}-{objective}-{dataset}", policy_name(warm, objective), docs=docs + subset,
+                             queries=queries * (1 + len(kept)), pairs=rerank * (1 + len(kept)),
+                             disk=None if emb is None else emb + results * 2,
+                             note=(note + (f"; epochs {kept}: rerank only" if kept else "")).strip("; "), encode_model=warm),
+                        dataset, ev.max_seq_length, ev.max_seq_length))
     add(Line("tables", "-"))
+    return price_from_table(params, plan)
+
+
+def _encoders(plan: Plan) -> list[str]:
+    """The models whose throughput prices some line (in plan order)."""
+    return [m for m in dict.fromkeys(line.encode_model or line.model for line in plan.lines
+                                     if line.docs or line.queries or line.grad_docs or line.grad_queries)
+            if m not in ("bm25", "published", "-")]
+
+
+def price(plan: Plan) -> Plan:
+    """Set every line's hours from ``plan.rates`` at its texts' mean lengths (lines of a model without rates: none)."""
+    for line in plan.lines:
+        rates = plan.rates.get(line.encode_model or line.model)
+        if not isinstance(rates, ModelRates):
+            line.hours = None
+            continue
+        step = rates.step_seconds_at(line.doc_tokens) if line.grad_docs else None
+        if step is not None:  # a measured tower:both step prices both cached-gradient passes of every candidate
+            seconds = [line.grad_docs * step, (line.docs - line.grad_docs) / (rates.inference_at(line.doc_tokens) or math.nan)]
+        else:
+            seconds = [line.docs and line.docs / (rates.inference_at(line.doc_tokens) or math.nan),
+                       line.grad_docs and line.grad_docs / (rates.grad_at(line.doc_tokens) or math.nan)]
+        seconds += [line.queries and line.queries / (rates.inference_at(line.query_tokens) or math.nan),
+                    line.grad_queries and line.grad_queries / (rates.grad_at(line.query_tokens) or math.nan)]
+        total = sum(seconds)
+        line.hours = None if math.isnan(total) else total / 3600
     return plan
+
+
+def price_from_table(params: Params, plan: Plan) -> Plan:
+    """Price the paper's models from ``measured_rates.yaml`` (:mod:`pgrank.pipeline.rates`), for this machine's GPU
+    where the table has it, else for the table's GPU, which the plan then names."""
+    import torch
+
+    here = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    device = table_device(here)
+    rates = {m: table_rates(_facts(params, m)[0], device) for m in _encoders(plan)}
+    plan = replace(plan, rates={m: r for m, r in rates.items() if r is not None}, device=device)
+    plan.pricing = (f"hours from throughput measured on an {device} (`python bench/gpu.py`, pgrank/pipeline/"
+                    f"measured_rates.yaml){'' if here == device else ', not on this machine'}; models without "
+                    "measured rates are not priced: `pgrank plan --calibrate` measures every model here")
+    return price(plan) if plan.rates else plan
 
 
 # --------------------------------------------------------------------------------------- calibration
@@ -235,91 +289,23 @@ def make_plan(params: Params, paths: Paths, profile: str = "paper") -> Plan:
 def calibrate(params: Params, paths: Paths, plan: Plan, *, device: str | None = None, seconds: float = 3.0) -> Plan:
     """Measure each model's throughput on ``device`` and price every line in hours.
 
-    Per model, texts a second: documents and queries through inference, and for warm starts documents
-    and queries forward+backward with gradient, each at its configured truncation, for about
-    ``seconds``. Documents are 64 sampled from the first dataset on disk, else synthetic 100-word texts
-    (about BEIR's average). A model that cannot be loaded here (no network, say) is reported and left
-    unpriced.
+    Per model, texts a second at texts of 32 to 512 tokens (up to its truncation length), each for about ``seconds``,
+    CUDA-synchronised: forward only at its stage's batch size (``mine.batch_size`` for the miner,
+    ``evaluate.batch_size`` otherwise), under its inference backend; for warm starts also forward and backward under
+    ``train.amp`` in chunks of ``train.grad_chunk_size``. Each line is then priced at its texts' mean length. A model
+    that cannot be loaded here (no network, say) is reported and left unpriced.
     """
     import torch
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     plan = replace(plan, rates={}, device=device)
-    docs = _sample_documents(paths, list(plan.sizes))
-    models = dict.fromkeys(line.encode_model or line.model for line in plan.lines
-                           if line.docs or line.queries or line.grad_docs or line.grad_queries)
-    for name in models:
-        if name in ("bm25", "published", "-"):
-            continue
+    for name in _encoders(plan):
         try:
-            plan.rates[name] = _measure(params, paths, name, docs, device, seconds,
-                                        train=name in params.train.warm_starts)
+            plan.rates[name] = measure_rates(params, paths, name, device, seconds, train=name in params.train.warm_starts)
         except Exception as exc:  # a model that will not load here: say so, price the rest
-            plan.rates[name] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:80]}"}
-    for line in plan.lines:
-        rate = plan.rates.get(line.encode_model or line.model, {})
-        if "docs" in rate:
-            work = {"docs": line.docs, "queries": line.queries, "grad_docs": line.grad_docs, "grad_queries": line.grad_queries}
-            line.hours = sum(n / rate.get(kind, float("nan")) for kind, n in work.items() if n) / 3600
-    return plan
-
-
-def _sample_documents(paths: Paths, datasets: list[str]) -> list[str]:
-    from pgrank.data.corpus_store import open_corpus
-
-    for dataset in datasets:
-        if (paths.dataset(dataset) / "corpus.jsonl").is_file():
-            store = open_corpus(paths, dataset)
-            return store.texts(np.linspace(0, len(store) - 1, min(64, len(store))).astype(int))
-    return _texts(64, 100)
-
-
-def _texts(n: int, words: int) -> list[str]:
-    vocab = "protein cell gene study trial dose risk model data effect river solar market tax vaccine".split()
-    return [" ".join(vocab[(i * 7 + j * 3) % len(vocab)] for j in range(words)) for i in range(n)]
-
-
-def _measure(params: Params, paths: Paths, name: str, docs: list[str], device: str, seconds: float, *,
-             train: bool) -> dict[str, float]:
-    from pgrank.models.hub import load_encoder, resolve_model
-
-    ev, cfg = params.evaluate, params.train
-    queries = _texts(64, 8)
-    batch = min(ev.batch_size, 16)
-    if name in ev.systems.sparse:
-        from pgrank.retrieval.sparse.splade import load_sparse_encoder
-
-        model = load_sparse_encoder(resolve_model(name, params.models).source, device=device, max_seq_length=ev.max_seq_length)
-        encoder = model
-    else:  # encoding runs under the model's inference backend (pgrank.models.backends), training in torch
-        from pgrank.models.backends import load_inference_encoder
-
-        encoder, _ = load_inference_encoder(name, params.models, paths, device=device, max_seq_length=ev.max_seq_length)
-    rates = {"docs": _rate(lambda t: encoder.encode_document(t, batch_size=batch), docs[:batch], seconds),
-             "queries": _rate(lambda t: encoder.encode_query(t, batch_size=batch), queries[:batch], seconds)}
-    if train:
-        from pgrank.training.grad_cache import encode
-
-        model = load_encoder(name, params.models, device=device, max_seq_length=ev.max_seq_length)
-        model.train()
-
-        def step(texts, task, length):
-            encode(model, texts, task=task, max_length=length, amp=cfg.amp).sum().backward()
-
-        chunk = min(cfg.grad_chunk_size, 16)
-        rates["grad_docs"] = _rate(lambda t: step(t, "document", cfg.max_doc_length), docs[:chunk], seconds)
-        rates["grad_queries"] = _rate(lambda t: step(t, "query", cfg.max_query_length), queries[:chunk], seconds)
-        model.zero_grad(set_to_none=True)
-    return rates
-
-
-def _rate(fn, texts: list[str], seconds: float) -> float:
-    fn(texts[:2])  # warm-up
-    done, started = 0, time.perf_counter()
-    while time.perf_counter() - started < seconds or not done:
-        fn(texts)
-        done += len(texts)
-    return done / (time.perf_counter() - started)
+            plan.rates[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
+    plan.pricing = f"hours from throughput calibrated here, on {device}"
+    return price(plan)
 
 
 # --------------------------------------------------------------------------------------- rendering
@@ -371,8 +357,12 @@ def render(plan: Plan) -> str:
     out += ["", "datasets: " + "; ".join(f"{d} {s['documents']:,} documents, "
                                           + ", ".join(f"{k} {v:,}" for k, v in s.items() if k != "documents")
                                           for d, s in plan.sizes.items())]
-    if plan.rates:
-        out.append(f"calibrated on {plan.device} (texts a second): " + "; ".join(
-            f"{m} " + (r["error"] if "error" in r else ", ".join(f"{k} {v:.1f}" for k, v in r.items()))
-            for m, r in plan.rates.items()))
+    if plan.pricing:
+        out.append(plan.pricing)
+    for model, r in plan.rates.items():
+        if isinstance(r, str):
+            out.append(f"- {model}: not priced ({r})")
+        else:
+            out.append(f"- {model} (texts a second by tokens): inference " + ", ".join(f"{k}: {v:,.0f}" for k, v in sorted(r.inference.items()))
+                       + ("; forward+backward " + ", ".join(f"{k}: {v:,.0f}" for k, v in sorted(r.grad.items())) if r.grad else ""))
     return "\n".join(out)

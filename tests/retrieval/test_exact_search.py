@@ -11,7 +11,7 @@ import pytest
 from pgrank.data.runs import from_order_keys, id_ranks, order_keys, top_k
 from pgrank.errors import PgrankError
 from pgrank.retrieval.dense import exact_search
-from pgrank.retrieval.dense.exact_search import auto_backend, dense_search, gpu_available, resolve_backend
+from pgrank.retrieval.dense.exact_search import auto_search_backend, dense_search, faiss_gpu_available, resolve_backend
 
 BACKENDS = ["torch", "faiss"]
 
@@ -104,16 +104,31 @@ def test_many_ties_at_the_cut_off_within_one_block(backend):
 
 
 @pytest.mark.gpu
-def test_gpu_search_agrees_with_cpu():
-    if not gpu_available():
-        pytest.skip("faiss-gpu with a visible GPU is needed")
+def test_faiss_gpu_search_agrees_with_cpu():
+    if not faiss_gpu_available():
+        pytest.skip("faiss-gpu with a visible GPU is needed (pip install 'pgrank[gpu]')")
     rng = np.random.default_rng(1)
     corpus = rng.normal(size=(5000, 64)).astype(np.float32)
     queries = rng.normal(size=(20, 64)).astype(np.float32)
     ranks = id_ranks([str(i) for i in range(5000)])
-    cpu = dense_search(queries, blocks_of(corpus, 1024), ranks, 100, use_gpu=False)
-    gpu = dense_search(queries, blocks_of(corpus, 1024), ranks, 100, use_gpu=True)
+    cpu = dense_search(queries, blocks_of(corpus, 1024), ranks, 100, backend="faiss", use_gpu=False)
+    gpu = dense_search(queries, blocks_of(corpus, 1024), ranks, 100, backend="faiss-gpu")
     assert (cpu[1] == gpu[1]).mean() > 0.99
+
+
+@pytest.mark.gpu
+def test_torch_search_on_cuda_equals_the_brute_force_bitwise_with_ties():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("a CUDA device is needed")
+    rng = np.random.default_rng(2)
+    corpus = integer_corpus(rng, 3000)
+    queries = rng.integers(-2, 3, size=(50, 16)).astype(np.float32)
+    doc_ids = [f"doc{(i * 7919) % 3000:04d}" for i in range(3000)]
+    want_s, want_r = brute_force(queries, corpus, doc_ids, 40)
+    got_s, got_r = dense_search(queries, blocks_of(corpus, 700), id_ranks(doc_ids), 40, backend="torch", use_gpu=True)
+    assert got_r.tolist() == want_r.tolist()
+    np.testing.assert_array_equal(got_s, want_s)
 
 
 def integer_corpus(rng, n, dim=16):
@@ -178,14 +193,23 @@ def test_torch_backend_bounds_the_score_matrix_by_chunks_of_queries(monkeypatch)
     np.testing.assert_array_equal(got_s, want_s)
 
 
-def test_auto_is_torch_on_cpu_and_faiss_with_a_gpu_or_an_approximate_index(monkeypatch):
-    if not gpu_available():
-        assert auto_backend() == "torch" and resolve_backend("auto") == "torch"
-    monkeypatch.setattr(exact_search, "gpu_available", lambda: True)
-    assert auto_backend() == "faiss" and resolve_backend("auto") == "faiss"
-    monkeypatch.setattr(exact_search, "gpu_available", lambda: False)
+def test_auto_is_torch_without_faiss_gpu_and_faiss_gpu_with_it_or_faiss_for_an_approximate_index(monkeypatch):
+    if not faiss_gpu_available():
+        assert auto_search_backend() == "torch" and resolve_backend("auto") == "torch"
+    monkeypatch.setattr(exact_search, "faiss_gpu_available", lambda: True)
+    assert auto_search_backend() == "faiss-gpu" and resolve_backend("auto") == "faiss-gpu"
+    monkeypatch.setattr(exact_search, "faiss_gpu_available", lambda: False)
     assert resolve_backend("auto") == "torch" and resolve_backend("faiss") == "faiss"
     assert resolve_backend("auto", "HNSW32") == "faiss"
+
+
+def test_faiss_gpu_without_gpu_faiss_is_one_error_naming_the_setting():
+    if faiss_gpu_available():
+        pytest.skip("this machine has GPU FAISS")
+    corpus = np.random.default_rng(8).normal(size=(20, 8)).astype(np.float32)
+    with pytest.raises(PgrankError, match=r"^search.backend: faiss-gpu, but the installed FAISS") as err:
+        dense_search(corpus[:2], blocks_of(corpus, 10), id_ranks(range(20)), 5, backend="faiss-gpu")
+    assert "\n" not in str(err.value) and "pgrank's gpu extra" in str(err.value)
 
 
 def clustered(rng, n, dim=32, centers=16, latent=8):

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import pgrank.retrieval.sparse.splade as splade
+from pgrank.config import ModelsConfig
 from pgrank.data.corpus_store import open_corpus
 from pgrank.data.runs import top_k
 from pgrank.paths import Paths
@@ -24,7 +25,7 @@ def project(tmp_path_factory, tiny_splade_dir):
     folder.mkdir(parents=True)
     docs = [{"_id": f"d{(i * 37) % 101:03d}", "title": "", "text": " ".join(rng.choice(WORDS, 5))} for i in range(101)]
     (folder / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
-    model = splade.load_sparse_encoder(str(tiny_splade_dir), max_seq_length=32)
+    model = splade.load_sparse_encoder(str(tiny_splade_dir), ModelsConfig(), max_seq_length=32)
     store = open_corpus(paths, "toy")
     corpus = splade.build_sparse_corpus(lambda: model, "tiny", store, paths.sparse_corpus("tiny", 32, store.sha256),
                                         corpus_sha256=store.sha256, max_seq_length=32, batch_size=16, chunk_size=16)

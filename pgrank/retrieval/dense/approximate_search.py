@@ -40,6 +40,20 @@ TRAIN_ROWS_PER_LIST = 64  # IVF: training vectors per inverted list (FAISS warns
 MIN_TRAIN_ROWS = 65_536  # any trainable index (e.g. PQ's 256 centroids per sub-quantizer)
 
 
+def import_faiss():
+    """The ``faiss`` module.
+
+    Raises:
+        PgrankError: FAISS is not installed (it is an extra of its own: faiss-cpu or faiss-gpu, never both).
+    """
+    try:
+        import faiss
+    except ImportError:
+        raise PgrankError("search: FAISS is not installed; install pgrank's cpu extra (pip install 'pgrank[cpu]', "
+                          "faiss-cpu) or its gpu extra (pgrank[gpu], faiss-gpu), or set search.backend to torch") from None
+    return faiss
+
+
 def _reason(exc: RuntimeError) -> str:
     """FAISS's message without its C++ location ("Error in ... at file.cpp:123: <reason>")."""
     return str(exc).strip().splitlines()[0].rsplit(": ", 1)[-1]
@@ -51,7 +65,7 @@ def build_index(index: str, dim: int):
     Raises:
         PgrankError: FAISS cannot build ``index`` (a bad factory string, or one that does not fit ``dim``).
     """
-    import faiss
+    faiss = import_faiss()
 
     try:
         return faiss.index_factory(dim, index, faiss.METRIC_INNER_PRODUCT)
@@ -62,7 +76,7 @@ def build_index(index: str, dim: int):
 
 def _train_rows(index) -> int:
     """How many of the first streamed rows an untrained ``index`` is trained on."""
-    import faiss
+    faiss = import_faiss()
 
     ivf = faiss.try_extract_index_ivf(index)
     return max(MIN_TRAIN_ROWS, TRAIN_ROWS_PER_LIST * ivf.nlist if ivf is not None else 0)
@@ -82,7 +96,7 @@ def _train_and_add(index, name: str, held: list[np.ndarray], rows: int) -> None:
 
 def _set_search_parameters(index, nprobe: int, ef_search: int) -> None:
     """``nprobe`` (IVF) and ``efSearch`` (HNSW, also an IVF's HNSW quantizer) where ``index`` has them."""
-    import faiss
+    faiss = import_faiss()
 
     space = faiss.ParameterSpace()
     for name, value in (("nprobe", nprobe), ("efSearch", ef_search), ("quantizer_efSearch", ef_search)):

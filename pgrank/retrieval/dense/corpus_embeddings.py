@@ -172,6 +172,7 @@ def build_corpus_embeddings(
     batch_size: int,
     chunk_size: int,
     show_progress: bool = True,
+    processes_per_gpu: int = 1,
 ) -> CorpusEmbeddings:
     """Encode the corpus into ``folder`` shard by shard, resuming from finished shards.
 
@@ -185,10 +186,12 @@ def build_corpus_embeddings(
         batch_size: sentence-transformers batch size.
         chunk_size: documents per shard (the resume granularity).
         show_progress: tqdm bar over documents.
+        processes_per_gpu: processes of sentence-transformers' multi-process pool on each GPU
+            (``models.processes_per_gpu``).
 
     Returns:
-        The complete artifact. With several CUDA devices, encoding uses sentence-transformers'
-        multi-process pool (one process per GPU); otherwise a plain ``encode`` on the model's device.
+        The complete artifact. On CUDA, encoding uses sentence-transformers' multi-process pool
+        (:func:`pgrank.retrieval.dense.encoding.encoding_devices`); otherwise a plain ``encode`` on the model's device.
     """
     folder = Path(folder)
     if (folder / "meta.json").is_file():
@@ -202,11 +205,12 @@ def build_corpus_embeddings(
         if (folder / "meta.json").is_file():
             return open_corpus_embeddings(folder)
         return _build(load_model, model_key, num_docs, texts, folder, corpus_sha256=corpus_sha256, max_seq_length=max_seq_length,
-                      batch_size=batch_size, chunk_size=chunk_size, show_progress=show_progress)
+                      batch_size=batch_size, chunk_size=chunk_size, show_progress=show_progress,
+                      processes_per_gpu=processes_per_gpu)
 
 
 def _build(load_model, model_key, num_docs: int, texts, folder: Path, *, corpus_sha256, max_seq_length, batch_size, chunk_size,
-           show_progress) -> CorpusEmbeddings:
+           show_progress, processes_per_gpu) -> CorpusEmbeddings:
     folder.mkdir(parents=True, exist_ok=True)
     plan = {"model": model_key, "max_seq_length": max_seq_length, "corpus_sha256": corpus_sha256,
             "num_docs": num_docs, "chunk_size": chunk_size, "text": "(title + ' ' + text).strip()"}
@@ -230,7 +234,9 @@ def _build(load_model, model_key, num_docs: int, texts, folder: Path, *, corpus_
         for i in todo:
             if model is None:
                 model = load_model()
-                devices = encoding_devices() if hasattr(model, "start_multi_process_pool") else None
+                remaining = sum(rows_of[j] for j in todo[todo.index(i):])
+                devices = (encoding_devices(remaining, processes_per_gpu)
+                           if hasattr(model, "start_multi_process_pool") else None)
                 if devices:
                     home = model.device  # the pool moves the model to CPU; it goes back afterwards
                     pool = model.start_multi_process_pool(devices)
@@ -285,7 +291,7 @@ def model_corpus_embeddings(
                                                            backend=backend)[0])
     return build_corpus_embeddings(loader, key, store, folder, corpus_sha256=sha,
                                    max_seq_length=max_seq_length, batch_size=batch_size, chunk_size=chunk_size,
-                                   show_progress=show_progress)
+                                   show_progress=show_progress, processes_per_gpu=models.processes_per_gpu)
 
 
 class SubsetEmbeddings:

@@ -2,8 +2,10 @@
 
 Documents are BEIR's ``(title + " " + text).strip()`` (:func:`pgrank.data.beir.document_text`); models
 are applied as saved, so a model whose pipeline ends in a ``Normalize`` module gives cosine scores
-under inner product and a dot model gives dot scores. With several CUDA devices, corpus encoding uses
-sentence-transformers' multi-process pool (:func:`encoding_devices`).
+under inner product and a dot model gives dot scores. On CUDA, a corpus encodes through sentence-transformers'
+multi-process pool (:func:`encoding_devices`): ``models.processes_per_gpu`` processes on every GPU, so that
+tokenizing one batch on the CPU overlaps the GPU's work on another (on one GPU, tokenization bounds a single
+process: DistilBERT's bf16 forward pass runs several times faster than its texts are tokenized).
 """
 
 from __future__ import annotations
@@ -17,12 +19,17 @@ if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
 
 
-def encoding_devices() -> list[str] | None:
-    """CUDA devices for sentence-transformers' multi-process pool, or None for plain ``encode``."""
+POOL_MIN_DOCUMENTS = 20_000  # below this, starting the pool's processes (seconds each) costs more than it saves
+
+
+def encoding_devices(documents: int, processes_per_gpu: int = 1) -> list[str] | None:
+    """The devices of sentence-transformers' multi-process pool (each GPU ``processes_per_gpu`` times) for
+    encoding ``documents`` texts, or None for a plain ``encode`` (no GPU, one process in all, or too few texts)."""
     import torch
 
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return [f"cuda:{i}" for i in range(n)] if n > 1 else None
+    devices = [f"cuda:{i}" for i in range(n) for _ in range(processes_per_gpu)]
+    return devices if len(devices) > 1 and documents >= POOL_MIN_DOCUMENTS else None
 
 
 def encode_documents(model: "SentenceTransformer", texts: list[str], *, batch_size: int, pool=None) -> np.ndarray:

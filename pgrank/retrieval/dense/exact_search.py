@@ -6,12 +6,15 @@ winners are merged with the running top k in the one order of every run (score d
 document id ascending; :func:`pgrank.data.runs.top_k`), with no dependence on a library's order among
 tied scores. Two backends compute the same exact top k:
 
-* ``torch``: a float32 matmul + ``torch.topk`` on CPU, a chunk of queries at a time so that one score
-  matrix stays under :data:`SCORE_BYTES`. On a CPU it measured several times faster than FAISS's
-  ``IndexFlatIP`` (``python bench/search.py``).
-* ``faiss``: an exact ``IndexFlatIP`` per block, on all GPUs when faiss-gpu sees one.
+* ``torch``: a float32 matmul + ``torch.topk``, a chunk of queries at a time so that one score matrix stays
+  under :data:`SCORE_BYTES`; on the first CUDA device where torch sees one (each block is copied there), else
+  on the CPU, where it measured several times faster than FAISS's ``IndexFlatIP`` (``python bench/search.py``).
+* ``faiss``: an exact ``IndexFlatIP`` per block, on all GPUs when faiss-gpu sees one, else on the CPU.
+* ``faiss-gpu``: the same, on all GPUs, and an error where FAISS has no GPU support or sees no GPU.
 
-``auto`` (the default) is :func:`auto_backend`: FAISS where it sees a GPU, else torch. Both widen the
+FAISS is an optional dependency: ``pip install 'pgrank[cpu]'`` brings faiss-cpu, ``pgrank[gpu]`` faiss-gpu
+(exactly one of the two: both ship the ``faiss`` module). ``auto`` (the default) is
+:func:`auto_search_backend`: FAISS where it sees a GPU, else torch (on CUDA where torch sees a GPU). Both widen the
 rows whose k-th and (k+1)-th scores tie to every document tied with the k-th, so that the merge applies
 the id order to all of them: both give the rows and scores of a brute-force sort. Scores are bitwise
 equal where the arithmetic is exact; otherwise the BLAS libraries under torch and FAISS may round a
@@ -37,6 +40,7 @@ import numpy as np
 
 from pgrank.data.runs import top_k
 from pgrank.errors import PgrankError
+from pgrank.retrieval.dense.approximate_search import import_faiss
 
 log = logging.getLogger(__name__)
 
@@ -47,16 +51,19 @@ SCORE_BYTES = 256 * 2**20  # the torch backend's bound on one (queries x block) 
 BlockSearch = Callable[[np.ndarray, np.ndarray, int], Iterator[tuple[slice, np.ndarray, np.ndarray]]]
 
 
-def gpu_available() -> bool:
-    """Whether FAISS was built with GPU support and sees a GPU."""
-    import faiss
-
+def faiss_gpu_available() -> bool:
+    """Whether FAISS is installed, built with GPU support, and sees a GPU."""
+    try:
+        import faiss
+    except ImportError:
+        return False
     return hasattr(faiss, "get_num_gpus") and faiss.get_num_gpus() > 0
 
 
-def auto_backend() -> str:
-    """``search.backend: auto``: ``"faiss"`` where FAISS sees a GPU, else ``"torch"`` (faster on CPU)."""
-    return "faiss" if gpu_available() else "torch"
+def auto_search_backend() -> str:
+    """``search.backend: auto``: ``"faiss-gpu"`` where FAISS sees a GPU, else ``"torch"`` (on CUDA where torch sees
+    a GPU; on a CPU it is faster than FAISS)."""
+    return "faiss-gpu" if faiss_gpu_available() else "torch"
 
 
 def _with_ties(scores: np.ndarray, rows: np.ndarray, k: int, tied: dict) -> tuple[np.ndarray, np.ndarray]:
@@ -75,8 +82,7 @@ def _with_ties(scores: np.ndarray, rows: np.ndarray, k: int, tied: dict) -> tupl
 
 
 def _new_index(dim: int, use_gpu: bool):
-    import faiss
-
+    faiss = import_faiss()
     index = faiss.IndexFlatIP(dim)
     if use_gpu:
         index = faiss.index_cpu_to_all_gpus(index)
@@ -127,8 +133,8 @@ def _tensor(x: np.ndarray):
         return torch.from_numpy(x)
 
 
-def _torch_block(queries: np.ndarray, block: np.ndarray, k: int) -> Iterator[tuple[slice, np.ndarray, np.ndarray]]:
-    """Top ``k`` of one block with a CPU matmul and ``torch.topk``, a chunk of queries at a time.
+def _torch_block(queries: np.ndarray, block: np.ndarray, k: int, device: str = "cpu") -> Iterator[tuple[slice, np.ndarray, np.ndarray]]:
+    """Top ``k`` of one block with a matmul and ``torch.topk`` on ``device``, a chunk of queries at a time.
 
     ``topk`` keeps k+1; a row whose k-th and (k+1)-th scores tie takes, from its full score row,
     every document scoring at least the k-th.
@@ -136,51 +142,68 @@ def _torch_block(queries: np.ndarray, block: np.ndarray, k: int) -> Iterator[tup
     import torch
 
     n = block.shape[0]
-    docs = _tensor(block)
+    docs = _tensor(block).to(device)
     chunk = max(1, SCORE_BYTES // (4 * max(n, 1)))
     for lo in range(0, len(queries), chunk):
         hi = min(lo + chunk, len(queries))
-        scores = _tensor(queries[lo:hi]) @ docs.T  # (C, B)
+        scores = _tensor(queries[lo:hi]).to(device) @ docs.T  # (C, B)
         if n <= k:  # the block is smaller than k: everything is returned
-            yield slice(lo, hi), scores.numpy(), np.broadcast_to(np.arange(n), scores.shape).copy()
+            yield slice(lo, hi), scores.cpu().numpy(), np.broadcast_to(np.arange(n), scores.shape).copy()
             continue
         top_s, top_r = torch.topk(scores, k + 1, dim=1)  # sorted, best first
-        top_s, top_r = top_s.numpy(), top_r.numpy()
+        top_s, top_r = top_s.cpu().numpy(), top_r.cpu().numpy()
         tied = {}
         for i in np.flatnonzero(top_s[:, k - 1] == top_s[:, k]):
             row = scores[int(i)]
             keep = torch.nonzero(row >= float(top_s[i, k - 1])).squeeze(1)  # float32 -> float: exact
-            tied[i] = (row[keep].numpy(), keep.numpy())
+            tied[i] = (row[keep].cpu().numpy(), keep.cpu().numpy())
         yield (slice(lo, hi), *_with_ties(top_s, top_r, k, tied))
 
 
 def _faiss_exact(dim: int, use_gpu: bool | None) -> BlockSearch:
-    use_gpu = gpu_available() if use_gpu is None else use_gpu
+    use_gpu = faiss_gpu_available() if use_gpu is None else use_gpu
     return partial(_faiss_block, _new_index(dim, use_gpu))
 
 
+def _faiss_gpu_exact(dim: int, use_gpu: bool | None) -> BlockSearch:
+    if use_gpu is False:
+        return _faiss_exact(dim, False)
+    if not faiss_gpu_available():
+        faiss = import_faiss()
+        why = "sees no GPU" if hasattr(faiss, "get_num_gpus") else "has no GPU support (faiss-cpu)"
+        raise PgrankError(f"search.backend: faiss-gpu, but the installed FAISS {why}; install pgrank's gpu extra "
+                          "(faiss-gpu, in place of faiss-cpu) on a machine with a GPU, or set search.backend to auto or torch")
+    return _faiss_exact(dim, True)
+
+
 def _torch_exact(dim: int, use_gpu: bool | None) -> BlockSearch:
-    return _torch_block  # CPU: on a GPU, auto_backend picks FAISS
+    import torch
+
+    cuda = torch.cuda.is_available() if use_gpu is None else use_gpu
+    if cuda and not torch.cuda.is_available():
+        raise PgrankError("search.backend: torch on a GPU was asked for, but torch sees no CUDA device")
+    return partial(_torch_block, device="cuda" if cuda else "cpu")
 
 
 # search.backend -> (query dimension, use_gpu) -> the search of one block
-EXACT_BACKENDS: dict[str, Callable[[int, bool | None], BlockSearch]] = {"torch": _torch_exact, "faiss": _faiss_exact}
+EXACT_BACKENDS: dict[str, Callable[[int, bool | None], BlockSearch]] = {
+    "torch": _torch_exact, "faiss": _faiss_exact, "faiss-gpu": _faiss_gpu_exact}
 
 
 def resolve_backend(backend: str, index: str = EXACT_INDEX) -> str:
-    """The backend that runs ``search.backend`` / ``search.index``: ``"torch"`` or ``"faiss"``.
+    """The backend that runs ``search.backend`` / ``search.index``: ``"torch"``, ``"faiss"`` or ``"faiss-gpu"``.
 
     Raises:
         PgrankError: an unknown backend, or an approximate index with the (exact) torch backend.
     """
     if backend != "auto" and backend not in EXACT_BACKENDS:
-        raise PgrankError(f"search.backend: unknown {backend!r} (expected auto, {' or '.join(EXACT_BACKENDS)})")
+        raise PgrankError(f"search.backend: unknown {backend!r} (expected auto, {', '.join(EXACT_BACKENDS)})")
     if index != EXACT_INDEX:
         if backend == "torch":
             raise PgrankError(f"search.index: {index!r} is an approximate FAISS index, but search.backend is torch "
                               f"(exact only); set search.backend to faiss or auto, or search.index to {EXACT_INDEX}")
         return "faiss"
-    return auto_backend() if backend == "auto" else backend
+    return auto_search_backend() if backend == "auto" else backend
 
 
 def dense_search(
@@ -204,8 +227,10 @@ def dense_search(
             once (exact search).
         ranks: ``(N,)`` :func:`id_ranks` of the corpus (ties go to the smaller document id).
         k: documents per query.
-        backend: ``"torch"``, ``"faiss"`` or ``"auto"`` (:func:`auto_backend`); see the module docstring.
-        use_gpu: the FAISS backend on all GPUs with faiss-gpu; ``None``: when FAISS sees a GPU.
+        backend: ``"torch"``, ``"faiss"``, ``"faiss-gpu"`` or ``"auto"`` (:func:`auto_search_backend`); see the module
+            docstring.
+        use_gpu: ``True``/``False`` forces the backend onto the GPU (FAISS: all of them; torch: the first) or the
+            CPU; ``None``: on a GPU where the backend sees one.
         index: ``"Flat"`` (exact) or a FAISS ``index_factory`` string of an approximate index, e.g.
             ``"IVF4096,Flat"``, ``"HNSW32"`` (:func:`pgrank.retrieval.dense.approximate_search.approximate_search`).
         nprobe: inverted lists visited per query by an IVF index.

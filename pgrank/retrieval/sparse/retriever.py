@@ -36,7 +36,7 @@ class SparseRetriever:
 
         cfg = params.evaluate
         self.batch_size, self.max_seq_length = cfg.batch_size, cfg.max_seq_length
-        self.ref = resolve_model(name, params.models)
+        self.ref, self.models = resolve_model(name, params.models), params.models
         self._encoder = None
         self.store = open_corpus(paths, dataset)
         self.doc_ids = self.store.ids
@@ -50,7 +50,7 @@ class SparseRetriever:
 
     def _model(self):
         if self._encoder is None:
-            self._encoder = load_sparse_encoder(self.ref.source, max_seq_length=self.max_seq_length)
+            self._encoder = load_sparse_encoder(self.ref, self.models, max_seq_length=self.max_seq_length)
         return self._encoder
 
     def rows(self, doc_ids: Sequence[str]) -> np.ndarray:

@@ -39,14 +39,13 @@ FORMAT = "pgrank-sparse-corpus/1"
 PARTS = {"data": np.float32, "indices": np.int32, "indptr": np.int64}  # the CSR arrays of a shard
 
 
-def load_sparse_encoder(source: str, *, device: str | None = None, max_seq_length: int | None = None):
-    """A ``SparseEncoder`` from the hub or a folder (SPLADE checkpoints load as MLM + max pooling)."""
-    from sentence_transformers import SparseEncoder
+def load_sparse_encoder(name, models, *, device: str | None = None, max_seq_length: int | None = None):
+    """A ``SparseEncoder`` by name (alias, hub id at its pinned revision, or folder; a
+    :class:`pgrank.models.hub.ModelRef`), loaded as every model is (:func:`pgrank.models.hub.load_encoder`):
+    safetensors only, float32, TF32 on CUDA. SPLADE checkpoints load as MLM + max pooling."""
+    from pgrank.models.hub import load_encoder
 
-    model = SparseEncoder(source, device=device, model_kwargs={"use_safetensors": True})
-    if max_seq_length is not None:
-        model.max_seq_length = max_seq_length
-    return model.eval()
+    return load_encoder(name, models, device=device, max_seq_length=max_seq_length, sparse=True)
 
 
 def _to_csr(tensor):
