@@ -1,0 +1,322 @@
+"""What the paper's configuration costs on the GPU at hand, offline: ``python bench/gpu.py``.
+
+No model is downloaded: the models are random-weight copies of the paper's module stacks at their real sizes
+(``bench/paper_models.py``: gtr-t5-xl's 1.2B-parameter T5 encoder with its Dense head, DistilBERT as in SBERT and
+TAS-B, and SPLADE's DistilBERT with its masked-language-model head), so throughput and memory are the real
+models', whatever their weights. Everything runs through pgrank's own code paths:
+
+1. **Encoding throughput** (documents a second, forward only, :func:`pgrank.models.backends.load_inference_encoder`
+   and :func:`pgrank.retrieval.dense.encoding.encode_documents`, tokenization included) of each model under each
+   CUDA backend (``torch``: float32 with TF32 matrix products; ``torch-bf16``: bf16 weights, what ``auto`` picks),
+   at texts of 32 to 512 tokens, batch ``mine.batch_size`` (128).
+2. **Training throughput** of the warm start (DistilBERT): documents and queries a second forward and backward
+   under bf16 autocast (``train.amp``), at ``train.max_doc_length`` / ``train.max_query_length``.
+3. **Processes per GPU** (``models.processes_per_gpu``): DistilBERT under bf16 encoding 8,192 texts of 256 tokens
+   through sentence-transformers' multi-process pool with 1, 2 and 4 processes on each GPU, as
+   :func:`pgrank.retrieval.dense.corpus_embeddings.build_corpus_embeddings` runs it.
+4. **One ``tower: both`` step at the paper's shape**: ``train.batch_size`` (220) queries x ``mine.candidates``
+   (1000) candidates, every candidate re-encoded with cached gradients (chunks of ``train.grad_chunk_size``),
+   ``train.pg.num_samples`` (5000) rankings per query, the paper's estimator: wall time and peak GPU memory,
+   through :func:`pgrank.training.trainer.accumulate_gradients` and an AdamW step, with MS MARCO's passage lengths.
+
+Writes ``bench/out/gpu.json`` (with the machine: GPU, driver, CUDA, library versions) and prints Markdown tables.
+``pgrank plan`` prices the paper from these figures (``pgrank/pipeline/measured_rates.yaml``, seeded from this
+file) when it is not calibrated on the machine itself.
+
+Example:
+    $ python bench/gpu.py                   # everything, about 8 minutes on one H100
+    $ python bench/gpu.py --size tiny --device cpu --seconds 0.2   # a dry run of the script itself
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+
+import paper_models  # noqa: E402
+from machine import machine_record  # noqa: E402
+
+LENGTHS = (32, 64, 128, 256, 512)
+ENCODERS = {"gtr-t5-xl": "gtr-t5", "distilbert (sbert, tas-b)": "sbert", "splade": "splade"}
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def rate(fn, items: int, device: str, seconds: float) -> float:
+    """Items a second of ``fn()`` (which handles ``items``), after one warm-up call, for about ``seconds``."""
+    fn()
+    _sync(device)
+    done, started = 0, time.perf_counter()
+    while True:
+        fn()
+        _sync(device)
+        done += items
+        elapsed = time.perf_counter() - started
+        if elapsed >= seconds:
+            return done / elapsed
+
+
+def encoding(folders: dict[str, Path], device: str, seconds: float, batch: int, lengths) -> list[dict]:
+    import torch
+
+    from pgrank.config import ModelsConfig
+    from pgrank.models.backends import load_inference_encoder
+    from pgrank.paths import Paths
+    from pgrank.retrieval.dense.encoding import encode_documents
+    from pgrank.retrieval.sparse.splade import encode_sparse, load_sparse_encoder
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = Paths(root=Path(tmp) / "r", data=Path(tmp) / "d", embeddings=Path(tmp) / "e")
+        for label, folder in folders.items():
+            sparse = ENCODERS[label] == "splade"
+            for backend in (("torch",) if sparse else ("torch", "torch-bf16")):
+                if sparse:  # evaluation runs SPLADE in float32 (TF32 products)
+                    model = load_sparse_encoder(str(folder), ModelsConfig(), device=device, max_seq_length=max(lengths))
+                    run = lambda texts: encode_sparse(model, texts, task="document", batch_size=batch)  # noqa: E731
+                else:
+                    model, _ = load_inference_encoder(str(folder), ModelsConfig(), paths, device=device,
+                                                      max_seq_length=max(lengths), backend=backend)
+                    run = lambda texts: encode_documents(model, texts, batch_size=batch)  # noqa: E731
+                for length in lengths:
+                    # Texts of about `length` tokens (the tokenizer adds its specials; truncation does the rest).
+                    texts = [paper_models.text_of_length(length, seed=i) for i in range(batch)]
+                    docs_s = rate(lambda: run(texts), batch, device, seconds)
+                    rows.append({"model": label, "backend": backend, "tokens": length, "batch": batch,
+                                 "docs_per_s": round(docs_s, 1)})
+                    print(f"  encode {label:<26} {backend:<10} {length:>4} tokens: {docs_s:9.1f} docs/s", flush=True)
+                del model
+                if device.startswith("cuda"):
+                    torch.cuda.empty_cache()
+    return rows
+
+
+def pool_rates(folder: Path, device: str, batch: int, texts_n: int = 8192) -> list[dict]:
+    """Documents a second through the multi-process pool with 1, 2 and 4 processes on every GPU."""
+    from pgrank.config import ModelsConfig
+    from pgrank.models.backends import load_inference_encoder
+    from pgrank.paths import Paths
+    from pgrank.retrieval.dense.encoding import encode_documents, encoding_devices
+
+    rows = []
+    texts = [paper_models.text_of_length(256, seed=i) for i in range(texts_n)]
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = Paths(root=Path(tmp) / "r", data=Path(tmp) / "d", embeddings=Path(tmp) / "e")
+        model, backend = load_inference_encoder(str(folder), ModelsConfig(), paths, device=device, max_seq_length=256,
+                                                backend="torch-bf16")
+        for per_gpu in (1, 2, 4):
+            devices = encoding_devices(10**9, per_gpu)
+            pool = model.start_multi_process_pool(devices) if devices else None
+            try:
+                encode_documents(model, texts[:1024], batch_size=batch, pool=pool)  # warm-up of every process
+                _sync(device)
+                started = time.perf_counter()
+                encode_documents(model, texts, batch_size=batch, pool=pool)
+                _sync(device)
+                docs_s = texts_n / (time.perf_counter() - started)
+            finally:
+                if pool is not None:
+                    model.stop_multi_process_pool(pool)
+                    model.to(device)
+            rows.append({"model": "distilbert (sbert, tas-b)", "backend": backend, "tokens": 256,
+                         "processes_per_gpu": per_gpu, "devices": devices, "docs_per_s": round(docs_s, 1)})
+            print(f"  pool   {per_gpu} process(es) per GPU: {docs_s:9.1f} docs/s", flush=True)
+    return rows
+
+
+def training_rates(folder: Path, device: str, seconds: float, params) -> list[dict]:
+    """Forward + backward texts a second of the warm start under ``train.amp``, as cached-gradient chunks run."""
+    from pgrank.models.hub import load_encoder
+    from pgrank.training.grad_cache import encode
+
+    cfg = params.train
+    model = load_encoder(str(folder), params.models, device=device, max_seq_length=cfg.max_doc_length).train()
+    rows = []
+    for task, length, chunk in (("document", cfg.max_doc_length, cfg.grad_chunk_size),
+                                ("document", 80, cfg.grad_chunk_size),  # about MS MARCO's mean passage
+                                ("query", cfg.max_query_length, cfg.grad_chunk_size),
+                                ("query", 12, cfg.grad_chunk_size)):
+        texts = [paper_models.text_of_length(length, seed=i) for i in range(chunk)]
+
+        def step():
+            encode(model, texts, task=task, max_length=length, amp=cfg.amp).sum().backward()
+
+        texts_s = rate(step, chunk, device, seconds)
+        model.zero_grad(set_to_none=True)
+        rows.append({"model": "distilbert (sbert, tas-b)", "task": task, "tokens": length, "chunk": chunk,
+                     "amp": cfg.amp, "texts_per_s": round(texts_s, 1)})
+        print(f"  train  {task:<9} {length:>4} tokens, chunks of {chunk}: {texts_s:9.1f} texts/s", flush=True)
+    return rows
+
+
+def _msmarco_lengths(n: int, rng: np.random.Generator) -> np.ndarray:
+    """Words per passage as in MS MARCO (log-normal: median 50, mean 56; bench/synthetic_msmarco.py)."""
+    return np.clip(np.round(rng.lognormal(math.log(50), 0.48, n)), 4, 250).astype(int)
+
+
+def paper_step(folder: Path, device: str, params, queries: int, candidates: int, work: Path) -> dict:
+    """One ``tower: both`` optimizer step at the paper's shape, through the trainer's own step."""
+    import torch
+
+    from pgrank.data.corpus_store import build_corpus_store
+    from pgrank.models.hub import load_encoder
+    from pgrank.training.batches import Example, make_batch
+    from pgrank.training.trainer import accumulate_gradients
+
+    rng = np.random.default_rng(0)
+    vocab = paper_models.words(20_000)
+    n_docs = queries * candidates
+    corpus_file = work / "corpus.jsonl"
+    with open(corpus_file, "w") as fh:
+        for i, words in enumerate(_msmarco_lengths(n_docs, rng)):
+            picks = rng.integers(0, len(vocab), words)
+            fh.write(json.dumps({"_id": str(i), "title": "", "text": " ".join(vocab[j] for j in picks)}) + "\n")
+    store = build_corpus_store(corpus_file, work / "store", dataset="bench", corpus_sha256="0" * 64)
+    examples = []
+    for q in range(queries):  # disjoint candidate sets, as MS MARCO's training queries nearly are
+        rows = np.arange(q * candidates, (q + 1) * candidates)
+        grades = np.zeros(candidates, dtype=np.int8)
+        grades[rng.integers(0, candidates)] = 1
+        query = " ".join(vocab[j] for j in rng.integers(0, len(vocab), 6))
+        examples.append(Example(f"q{q}", query, rows, grades))
+    cfg = params.train
+    model = load_encoder(str(folder), params.models, device=device, max_seq_length=cfg.max_doc_length).train()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=cfg.learning_rate)
+
+    def step(batch_examples) -> float:
+        _sync(device)
+        started = time.perf_counter()
+        accumulate_gradients(model, make_batch(batch_examples, device), params, epoch=1, frozen=None, corpus=store)
+        torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        _sync(device)
+        return time.perf_counter() - started
+
+    step(examples[:2])  # warm-up: kernels, allocator, optimizer state
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    seconds = step(examples)
+    peak = torch.cuda.max_memory_allocated() if device.startswith("cuda") else None
+    lengths = [len(t.split()) for t in store.texts(np.arange(0, n_docs, max(1, n_docs // 2000)))]
+    out = {"queries": queries, "candidates": candidates, "documents": n_docs, "grad_chunk_size": cfg.grad_chunk_size,
+           "num_samples": cfg.pg.num_samples, "estimator": cfg.pg.estimator, "amp": cfg.amp,
+           "max_doc_length": cfg.max_doc_length, "mean_words": round(float(np.mean(lengths)), 1),
+           "seconds": round(seconds, 2), "peak_gib": None if peak is None else round(peak / 2**30, 2)}
+    print(f"  step   {queries} x {candidates} (tower both, {cfg.pg.num_samples} rankings/query): {seconds:.1f} s, "
+          f"peak {out['peak_gib']} GiB", flush=True)
+    return out
+
+
+def estimator_at_paper_shape(device: str, params, queries: int, candidates: int) -> dict:
+    """The policy gradient alone (sampling, log-probabilities, credit) on random scores of the paper's shape."""
+    import torch
+
+    from pgrank.core.estimators import policy_gradient
+
+    pg = params.train.pg
+    g = torch.Generator(device=device).manual_seed(0)
+    scores = torch.randn(queries, candidates, device=device, generator=g).requires_grad_(True)
+    relevance = (torch.rand(queries, candidates, device=device, generator=g) < 0.002).float()
+
+    def run():
+        policy_gradient(scores, relevance, num_samples=pg.num_samples, utility=pg.utility, estimator=pg.estimator,
+                        baseline=pg.baseline, temperature=pg.temperature, entropy_coef=pg.entropy_coef,
+                        entropy=pg.entropy, generator=g).loss.backward()
+
+    per_s = rate(run, 1, device, 2.0)
+    print(f"  estimator {queries} x {candidates}, {pg.num_samples} rankings/query: {1000 / per_s:.0f} ms", flush=True)
+    return {"queries": queries, "candidates": candidates, "num_samples": pg.num_samples, "estimator": pg.estimator,
+            "ms": round(1000 / per_s, 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size", choices=["paper", "tiny"], default="paper", help="model widths (tiny: a dry run)")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--seconds", type=float, default=3.0, help="time per throughput measurement")
+    parser.add_argument("--queries", type=int, default=None, help="queries of the training step (default train.batch_size)")
+    parser.add_argument("--candidates", type=int, default=None, help="candidates per query (default mine.candidates)")
+    parser.add_argument("--skip", nargs="*", default=[], choices=["encoding", "pool", "training", "step"])
+    parser.add_argument("--lengths", type=int, nargs="*", default=list(LENGTHS), help="text lengths (tokens) to encode")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="a params.yaml override, e.g. train.grad_chunk_size=512 (repeatable)")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "gpu.json")
+    args = parser.parse_args()
+
+    from pgrank.atomic import write_json
+    from pgrank.config import load_params
+
+    params = load_params(ROOT / "params.yaml", args.overrides)  # the paper's configuration, with --set overrides
+    queries = args.queries or params.train.batch_size
+    candidates = args.candidates or params.mine.candidates
+    record = {"command": "python " + " ".join(["bench/gpu.py", *sys.argv[1:]]), "machine": machine_record(),
+              "size": args.size, "overrides": args.overrides}
+    print(f"# bench/gpu.py on {record['machine'].get('gpu') or record['machine']['cpu']}", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        t = time.perf_counter()
+        folders = {label: paper_models.build(kind, work / kind, size=args.size) for label, kind in ENCODERS.items()}
+        print(f"  built the models in {time.perf_counter() - t:.0f} s", flush=True)
+        if "encoding" not in args.skip:
+            record["encoding"] = encoding(folders, args.device, args.seconds, params.mine.batch_size, args.lengths)
+        if "pool" not in args.skip and args.device.startswith("cuda"):
+            record["pool"] = pool_rates(folders["distilbert (sbert, tas-b)"], args.device, params.mine.batch_size)
+        if "training" not in args.skip:
+            record["training"] = training_rates(folders["distilbert (sbert, tas-b)"], args.device, args.seconds, params)
+        if "step" not in args.skip:
+            record["estimator"] = estimator_at_paper_shape(args.device, params, queries, candidates)
+            (work / "step").mkdir()
+            record["step"] = paper_step(folders["distilbert (sbert, tas-b)"], args.device, params, queries, candidates,
+                                        work / "step")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    write_json(args.out, record)
+    print(render(record))
+
+
+def render(record: dict) -> str:
+    """The record as Markdown tables."""
+    out = [f"GPU: {record['machine'].get('gpu')}; command: `{record['command']}`", ""]
+    if record.get("encoding"):
+        lengths = sorted({r["tokens"] for r in record["encoding"]})
+        out += ["| encoding, docs/s | backend | " + " | ".join(f"{n} tokens" for n in lengths) + " |",
+                "| --- | --- |" + " ---: |" * len(lengths)]
+        for key in dict.fromkeys((r["model"], r["backend"]) for r in record["encoding"]):
+            by = {r["tokens"]: r["docs_per_s"] for r in record["encoding"] if (r["model"], r["backend"]) == key}
+            out.append(f"| {key[0]} | {key[1]} | " + " | ".join(f"{by[n]:,.0f}" for n in lengths) + " |")
+        out.append("")
+    if record.get("pool"):
+        out += ["| processes per GPU (DistilBERT, bf16, 256 tokens) | docs/s |", "| ---: | ---: |"]
+        out += [f"| {r['processes_per_gpu']} | {r['docs_per_s']:,.0f} |" for r in record["pool"]]
+        out.append("")
+    if record.get("training"):
+        out += ["| training (forward + backward) | tokens | texts/s |", "| --- | ---: | ---: |"]
+        out += [f"| {r['task']} ({r['amp']}) | {r['tokens']} | {r['texts_per_s']:,.0f} |" for r in record["training"]]
+        out.append("")
+    if record.get("step"):
+        s, e = record["step"], record.get("estimator", {})
+        out += [f"One `tower: both` step, {s['queries']} queries x {s['candidates']} candidates ({s['documents']:,} "
+                f"documents of {s['mean_words']} words on average, chunks of {s['grad_chunk_size']}, {s['num_samples']} "
+                f"rankings per query, {s['amp']}): **{s['seconds']} s**, peak GPU memory **{s['peak_gib']} GiB**; the "
+                f"estimator alone: {e.get('ms')} ms."]
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    main()
