@@ -76,13 +76,60 @@ def test_the_cli_prints_the_plan(tmp_path):
 
 def test_calibration_prices_every_stage_in_hours(tmp_path, tiny_model_dir):
     params, plan = _plan(tmp_path, "demo", f"models.aliases.minilm={tiny_model_dir}")
-    priced = calibrate(params, Paths.from_config(params.paths, base=ROOT), plan, device="cpu", seconds=0.2)
-    rates = priced.rates[str(tiny_model_dir)] if str(tiny_model_dir) in priced.rates else priced.rates["minilm"]
-    assert set(rates) == {"docs", "queries", "grad_docs", "grad_queries"} and all(r > 0 for r in rates.values())
+    priced = calibrate(params, Paths.from_config(params.paths, base=ROOT), plan, device="cpu", seconds=0.05)
+    rates = priced.rates["minilm"]
+    assert sorted(rates.inference) == sorted(rates.grad) == [32, 64, 128]  # up to the tiny BERT's 128 positions
+    assert all(r > 0 for r in [*rates.inference.values(), *rates.grad.values()])
     for line in priced.lines:
         if line.model not in ("bm25", "-") and (line.docs or line.queries or line.grad_queries):
             assert line.hours is not None and line.hours > 0, line
-    assert totals(priced).hours > 0 and "calibrated on cpu" in render(priced)
+    assert totals(priced).hours > 0 and "calibrated here, on cpu" in render(priced)
+
+
+def test_the_paper_is_priced_from_the_measured_gpu_rates_at_each_corpus_length(tmp_path):
+    from pgrank.pipeline.rates import BEIR_WORDS, TOKENS_PER_WORD, table_rates
+
+    params, plan = _plan(tmp_path)
+    lines = {line.stage: line for line in plan.lines}
+    assert "measured on an NVIDIA H100 80GB HBM3 (`python bench/gpu.py`" in render(plan)
+    mine = lines["mine@nq"]  # gtr-t5-xl over NQ's 2.68M passages of 78.88 words, and its 3,452 queries
+    assert mine.doc_tokens == round(78.88 * TOKENS_PER_WORD) + 2 and mine.query_tokens == round(9.16 * TOKENS_PER_WORD) + 2
+    t5 = table_rates("sentence-transformers/gtr-t5-xl", "NVIDIA H100 80GB HBM3")
+    assert mine.hours == pytest.approx((mine.docs / t5.inference_at(mine.doc_tokens)
+                                        + mine.queries / t5.inference_at(mine.query_tokens)) / 3600)
+    train = lines["train@sbert-pg"]  # every candidate re-encoded: priced by the measured tower:both step
+    step_seconds = 352.67 / 220_000  # bench/out/gpu-h100.json: 220 x 1000 at 55.6 words (about 85 tokens) a document
+    distilbert = table_rates("sentence-transformers/msmarco-distilbert-dot-v5", "NVIDIA H100 80GB HBM3")
+    at_length = train.grad_docs * step_seconds * distilbert.grad_at(85) / distilbert.grad_at(train.doc_tokens)
+    assert train.hours == pytest.approx(at_length / 3600, rel=0.02)  # plus validation and queries: under 2%
+    assert 1000 < train.hours < 2000  # the paper's reading: about 2,286 steps an epoch, 6 epochs, on one GPU
+    assert all(line.hours is not None for line in plan.lines if line.docs or line.queries or line.grad_docs)
+    assert BEIR_WORDS["msmarco"] == (5.96, 55.98)
+
+
+def test_rates_interpolate_in_length_and_never_extrapolate_faster():
+    from pgrank.pipeline.rates import interpolate
+
+    table = {64: 1000.0, 256: 250.0}
+    assert interpolate(table, 64) == 1000 and interpolate(table, 128) == pytest.approx(500)  # log-log: 1/length here
+    assert interpolate(table, 16) == 1000  # shorter than measured: the shortest's rate
+    assert interpolate(table, 512) == pytest.approx(125)  # longer: at least linear in length
+    assert interpolate({}, 100) is None
+
+
+def test_mean_lengths_are_counted_on_disk_else_beir_s(tmp_path):
+    import json
+
+    from pgrank.pipeline.rates import mean_words
+
+    paths = Paths(root=tmp_path / "r", data=tmp_path / "d", embeddings=tmp_path / "e")
+    assert mean_words(paths, "scifact") == ((12.37, 213.63), "BEIR's published averages")
+    folder = paths.dataset("mine")
+    folder.mkdir(parents=True)
+    (folder / "corpus.jsonl").write_text("".join(json.dumps({"_id": str(i), "title": "a b", "text": "c d e f"}) + "\n"
+                                                 for i in range(5000)))
+    (folder / "queries.jsonl").write_text("".join(json.dumps({"_id": str(i), "text": "x y z"}) + "\n" for i in range(90)))
+    assert mean_words(paths, "mine") == ((3.0, 6.0), "counted on disk")
 
 
 @pytest.mark.parametrize("override", ["data.eval_sets=[scifact/dev]"])
