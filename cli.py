@@ -63,16 +63,28 @@ class _Context:
         return Paths.from_config(params.paths, base=self.params_file.resolve().parent)
 
 
+class _LogFormat:
+    """``pgrank: <message>`` for pgrank's own records; ``LEVEL:logger:message`` (logging's default) for a library's."""
+
+    def format(self, record) -> str:
+        if record.name == "pgrank" or record.name.startswith("pgrank."):
+            return f"pgrank: {record.getMessage()}"
+        return f"{record.levelname}:{record.name}:{record.getMessage()}"
+
+
 def _log_to_stderr() -> None:
-    """pgrank's own INFO messages (a stage's wall time and peak memory, what it wrote) on stderr."""
+    """pgrank's own INFO messages (a stage's wall time and peak memory, what it wrote) on stderr, once each.
+
+    The one handler sits on the root logger: a library that logs through the root logger (``logging.warning``)
+    would otherwise install logging's default handler there, and every pgrank message would print twice."""
     import logging
 
-    logger = logging.getLogger("pgrank")
-    if not logger.handlers:
+    root = logging.getLogger()
+    if not any(isinstance(h.formatter, _LogFormat) for h in root.handlers):
         handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("pgrank: %(message)s"))
-        logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
+        handler.setFormatter(_LogFormat())
+        root.addHandler(handler)
+    logging.getLogger("pgrank").setLevel(logging.INFO)
 
 
 @app.callback()

@@ -47,3 +47,15 @@ def test_a_relative_params_file_is_relative_to_where_pgrank_runs(tmp_path):
     assert (project / "runs" / "demo" / "dvc.yaml").is_file()  # the workspace sits under the params file's folder
     assert list(elsewhere.iterdir()) == []
 
+
+
+def test_each_log_message_reaches_the_console_once_even_when_a_library_logs_through_the_root_logger():
+    """A library that calls ``logging.warning`` installs logging's default handler on the root logger unless one is
+    there; pgrank's messages must not print a second time through it (``INFO:pgrank.<module>:...``)."""
+    script = ("import logging, cli\ncli._log_to_stderr()\ncli._log_to_stderr()\n"
+              "logging.getLogger('pgrank.stage').info('before')\n"
+              "logging.warning('a library speaks through the root logger')\n"
+              "logging.getLogger('pgrank.stage').info('after')\n"
+              "logging.getLogger('sentence_transformers').info('library detail, not shown')\n")
+    err = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60).stderr
+    assert err.splitlines() == ["pgrank: before", "WARNING:root:a library speaks through the root logger", "pgrank: after"]
