@@ -287,12 +287,13 @@ def main() -> None:
                                         work / "step")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_json(args.out, record)
+    print(f"\nGPU: {record['machine'].get('gpu')}; command: `{record['command']}`\n")
     print(render(record))
 
 
 def render(record: dict) -> str:
     """The record as Markdown tables."""
-    out = [f"GPU: {record['machine'].get('gpu')}; command: `{record['command']}`", ""]
+    out = []
     if record.get("encoding"):
         lengths = sorted({r["tokens"] for r in record["encoding"]})
         out += ["| encoding, docs/s | backend | " + " | ".join(f"{n} tokens" for n in lengths) + " |",
