@@ -39,7 +39,7 @@ from pathlib import Path
 
 from pgrank.config import PathsConfig
 
-# The carve-out of data.train (pgrank.data.carve_out): split name -> file name under carved_qrels.
+# The carve-out of data.train (pgrank.download.carve_out): split name -> file name under carved_qrels.
 CARVED_TRAIN = "train-pg"
 VALIDATION = "validation"
 CARVED_FILES = {CARVED_TRAIN: "train", VALIDATION: "validation"}
@@ -111,7 +111,7 @@ class Paths:
         return self.data / name
 
     def fingerprint_cache(self, name: str) -> Path:
-        """SHA-256 of each file of a dataset, cached by (size, mtime) (:mod:`pgrank.data.manifests`)."""
+        """SHA-256 of each file of a dataset, cached by (size, mtime) (:mod:`pgrank.download.manifests`)."""
         return self.data / ".fingerprints" / f"{name}.json"
 
     def corpus_store(self, name: str, corpus_sha256: str) -> Path:

@@ -34,13 +34,12 @@ from typing import TYPE_CHECKING
 
 from pgrank.atomic import atomic_path, write_json, write_text
 from pgrank.config import GATE_METRIC, Params
-from pgrank.data.beir import Qrels, load_qrels, load_topics
+from pgrank.data.beir import Qrels, load_qrels, load_topics, write_qrels
 from pgrank.data.candidate_store import (
     CandidateStoreWriter,
     open_candidate_store,
     open_candidates,
 )
-from pgrank.data.carve_out import write_qrels
 from pgrank.data.runs import ranked, read_run, write_run
 from pgrank.errors import PgrankError
 from pgrank.paths import VALIDATION, Paths

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from pgrank.config import Params
-from pgrank.data.catalogue import BEIR_SIZES
+from pgrank.download.catalogue import BEIR_SIZES
 from pgrank.errors import PgrankError
 from pgrank.paths import CARVED_TRAIN, VALIDATION, Paths, policy_name
 

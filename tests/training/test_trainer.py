@@ -362,7 +362,7 @@ def test_short_real_run_on_a_scifact_slice_raises_training_utility(tmp_path, bei
     from shrunk import sliced_scifact_mirror
 
     from pgrank.config import parse_params
-    from pgrank.data.download import download
+    from pgrank.download.stage import download
     from pgrank.mining.candidate_sets import mine
     from pgrank.models.hub import resolve_model
     from pgrank.paths import Paths
