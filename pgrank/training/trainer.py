@@ -48,12 +48,14 @@ from pgrank.training.batches import (
     FrozenDocuments,
     candidate_scores,
     epoch_order,
+    frozen_documents,
     make_batch,
     query_generators,
+    training_set,
 )
 from pgrank.training.grad_cache import backward_cached, encode, encode_cached
 from pgrank.training.reference import ReferencePolicy
-from pgrank.training.validation import frozen_documents, out_of_domain_set, qrels_by_row, training_set, validate
+from pgrank.training.validation_ndcg import out_of_domain_set, qrels_by_row, validate
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from pgrank.core.policy import top1_kl
 from pgrank.models.hub import load_encoder
 from pgrank.training.batches import TrainingSet, make_batch
 from pgrank.training.trainer import _policy_model, accumulate_gradients, train
-from pgrank.training.validation import frozen_documents
+from pgrank.training.batches import frozen_documents
 from pgrank.training.reference import ReferencePolicy
 
 
