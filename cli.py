@@ -63,6 +63,14 @@ class _Context:
         return Paths.from_config(params.paths, base=self.params_file.resolve().parent)
 
 
+def _absolute_mirror() -> None:
+    """A relative ``$PGRANK_BEIR_MIRROR`` means what it meant where the user typed it, also in the stage
+    processes that DVC starts inside a profile workspace (another directory): for the commands that start DVC."""
+    from pgrank.download.mirror import absolute_mirror_env
+
+    absolute_mirror_env()
+
+
 class _LogFormat:
     """``pgrank: <message>`` for pgrank's own records; ``LEVEL:logger:message`` (logging's default) for a library's."""
 
@@ -102,11 +110,6 @@ def _main(
     ] = None,
 ) -> None:
     _log_to_stderr()
-    # Every relative path a user gives means what it meant where they typed it, also for the stage
-    # processes that DVC later starts inside a profile workspace.
-    from pgrank.data.download import absolute_mirror_env
-
-    absolute_mirror_env()
     ctx.obj = _Context(params.expanduser().resolve(), profile, list(set_ or []))
 
 
@@ -142,7 +145,7 @@ def download_cmd(
     ] = None,
 ) -> None:
     """Download, verify and extract BEIR datasets, then write the validation carve-out of data.train."""
-    from pgrank.data.download import download
+    from pgrank.download.stage import download
 
     params = ctx.obj.params()
     report = download(params, ctx.obj.paths(params), datasets or None, mirror, config_dir=ctx.obj.params_file.parent)
@@ -275,6 +278,7 @@ def repro_cmd(
     """`dvc repro` the pipeline for --profile/--set (composed into the profile's own DVC workspace)."""
     from pgrank.pipeline.workspace import repro
 
+    _absolute_mirror()
     ws = repro(ctx.obj.params_file, ctx.obj.profile, ctx.obj.overrides, targets or [], dry=dry)
     typer.echo(f"pipeline workspace: {ws}")
     from pgrank.config import load_params
@@ -296,6 +300,7 @@ def demo_cmd(ctx: typer.Context) -> None:
     from pgrank.pipeline.workspace import repro
 
     profile = ctx.obj.profile or "demo"
+    _absolute_mirror()
     ws = repro(ctx.obj.params_file, profile, ctx.obj.overrides)
     params = load_params(ws / "params.yaml")
     paths = Paths.from_config(params.paths, base=ws)
@@ -328,6 +333,7 @@ def schedule_cmd(
 
     cron_schedule(cron, timezone)  # a bad cron string fails before the server is contacted
     ctx.obj.params()  # so does a bad configuration
+    _absolute_mirror()  # the scheduled runs start DVC
     args = (ctx.obj.params_file, ctx.obj.profile, ctx.obj.overrides, cron)
     if pool is None:
         serve(*args, name=name, timezone=timezone, start_from=start_from, max_workers=max_workers)

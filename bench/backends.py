@@ -47,7 +47,7 @@ def main() -> None:
 
     from pgrank.config import load_params
     from pgrank.data.corpus_store import open_corpus
-    from pgrank.data.download import download
+    from pgrank.download.stage import download
     from pgrank.evaluation.backend_quality import BOUNDS, compare_backends
     from pgrank.models.backends import auto_inference_backend, cpu_flags, int8_isa
     from pgrank.paths import Paths

@@ -47,7 +47,7 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-    from pgrank.data.download import download
+    from pgrank.download.stage import download
     from pgrank.mining.candidate_sets import mine_splits, training_targets
     from pgrank.paths import Paths
     from pgrank.training.trainer import train

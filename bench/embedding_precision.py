@@ -22,8 +22,9 @@ import numpy as np
 from pgrank.config import ModelsConfig, OfflineModel, PathsConfig
 from pgrank.core.trec_eval import evaluate_run
 from pgrank.data.beir import document_text, load_corpus, load_topics
-from pgrank.data.download import fetch_dataset, read_sha256sums, resolve_source
 from pgrank.data.runs import id_ranks, top_k
+from pgrank.download.beir_datasets import fetch_dataset, read_sha256sums
+from pgrank.download.mirror import resolve_source
 from pgrank.models.hub import load_encoder
 from pgrank.paths import Paths
 

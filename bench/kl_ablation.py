@@ -62,7 +62,7 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-    from pgrank.data.download import download
+    from pgrank.download.stage import download
     from pgrank.evaluation.stage import evaluate, evaluate_dataset
     from pgrank.mining.candidate_sets import evaluation_targets, mine_splits, training_targets, validation_targets
     from pgrank.paths import Paths

@@ -1,18 +1,19 @@
 """Scheduled retraining: re-run the pipeline, then promote the new model only if it passes a fair gate.
 
+A thin Prefect wrapper of :mod:`pgrank.pipeline.retraining`, as :mod:`flows.pipeline` is of the pipeline.
 Each run of :func:`pgrank_retrain`
 
-1. prepares its overrides (:func:`retraining_overrides`): the frozen gate set's judgments as
-   ``data.holdout``, so gate queries are never trained on; with ``start_from="champion"`` the current
-   champion, fetched from the registry, as the warm start (continual training);
+1. adds its overrides (:func:`pgrank.pipeline.retraining.retraining_overrides`): the frozen gate set's
+   judgments as ``data.holdout``, so gate queries are never trained on; with ``start_from="champion"``
+   the current champion, fetched from the registry, as the warm start (continual training);
 2. runs :func:`flows.pipeline.pgrank_pipeline` (a subflow; DVC re-runs only what changed: new
    judgments or documents in a dataset of your own re-run its stages, unchanged data re-runs nothing);
-3. gates the versions this run registered against the champion (:func:`champion_gate`): both are
-   evaluated side by side on one fixed gate set (:mod:`pgrank.pipeline.gate`), and the alias
-   ``tracking.champion_alias`` moves only if the challenger beats the champion on ``champion.metric`` by
-   more than ``champion.min_gain`` with a paired test ``p < champion.alpha``
-   (:func:`pgrank.pipeline.champion.decide`). The decision and its table go to MLflow (run tags,
-   metrics, ``gate/decision.md``) and to this flow run as the markdown artifact ``champion-gate``.
+3. gates the versions this run registered against the champion
+   (:func:`pgrank.pipeline.retraining.gate_workspace`): both are evaluated side by side on one fixed gate
+   set, and the alias ``tracking.champion_alias`` moves only if the challenger beats the champion on
+   ``champion.metric`` by more than ``champion.min_gain`` with a paired test ``p < champion.alpha``. The
+   decision and its table go to MLflow (run tags, metrics, ``gate/decision.md``) and to this flow run as
+   the markdown artifact ``champion-gate``.
 
 ``pgrank schedule --cron ...`` puts it on a schedule against the Prefect server at ``PREFECT_API_URL``,
 either served from that process (:func:`serve`) or deployed to a process work pool that
@@ -29,7 +30,6 @@ either served from that process (:func:`serve`) or deployed to a process work po
 # and a flow run started by a deployment cannot resolve postponed (string) ones.
 
 from pathlib import Path
-from typing import Literal
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
@@ -37,54 +37,21 @@ from prefect.cache_policies import NO_CACHE
 from flows.pipeline import DEFAULT_MAX_WORKERS, pgrank_pipeline
 from pgrank.errors import PgrankError
 from pgrank.pipeline.champion import Decision
+from pgrank.pipeline.retraining import START_FROM, StartFrom
 
 FLOW_NAME = "pgrank-retrain"
 ARTIFACT_KEY = "champion-gate"
-StartFrom = Literal["warm_start", "champion"]
-START_FROM = ("warm_start", "champion")
-
-
-def _registry(params, base: Path):
-    from mlflow.tracking import MlflowClient
-
-    from pgrank.paths import Paths
-    from pgrank.tracking import tracking_uri
-
-    paths = Paths.from_config(params.paths, base=base)
-    return MlflowClient(tracking_uri(params, paths)), paths
 
 
 @task(cache_policy=NO_CACHE)
 def retraining_overrides(params_file: str, profile: str | None, overrides: list[str], start_from: StartFrom) -> list[str]:
     """Overrides this run adds: ``data.holdout`` (the frozen gate set) and, for continual training, the champion as warm start."""
-    from pgrank.config import load_params
-    from pgrank.pipeline.champion import champion
-    from pgrank.pipeline.gate import fetch_version, holdout_override
+    from pgrank.pipeline import retraining
 
-    if start_from not in START_FROM:
-        raise PgrankError(f"start_from={start_from!r}: expected one of {', '.join(START_FROM)}")
-    params = load_params(params_file, overrides, profile)
-    log = get_run_logger()
-    if not params.tracking.enabled:
-        if start_from == "champion":
-            raise PgrankError("start_from='champion' needs the model registry: set tracking.enabled: true")
-        return []
-    client, paths = _registry(params, Path(params_file).resolve().parent)
-    extra = holdout_override(client, params, paths)
-    if extra:
-        log.info("gate queries held out of training: %s", extra[0])
-    if start_from == "champion":
-        name, alias = params.tracking.registered_model, params.tracking.champion_alias
-        version = champion(client, name, alias)
-        if version is None:
-            log.info("start_from=champion: %s has no %r yet; training from the configured warm start(s)", name, alias)
-        else:
-            model = fetch_version(client, paths, name, version)
-            dense = [s for s in params.evaluate.systems.dense if s != alias] + [alias]
-            extra += [f"models.aliases.{alias}={model.folder}", f"train.warm_starts=[{alias}]",
-                      f"evaluate.systems.dense=[{', '.join(dense)}]"]
-            log.info("continual training from %s version %s (%s)", name, version, model.folder)
-    return extra
+    found = retraining.retraining_overrides(params_file, profile, overrides, start_from)
+    for note in found.notes:
+        get_run_logger().info("%s", note)
+    return found.extra
 
 
 @task(cache_policy=NO_CACHE)
@@ -92,57 +59,11 @@ def champion_gate(workspace: str, parent_run_id: str | None) -> Decision:
     """Gate this run's new model versions against the champion on the gate set; move the alias only if one passes."""
     from prefect.artifacts import create_markdown_artifact
 
+    from pgrank.pipeline.retraining import gate_workspace
+
     decision = gate_workspace(Path(workspace), parent_run_id)
     create_markdown_artifact(key=ARTIFACT_KEY, markdown=decision.markdown(), description=decision.message[:500])
     get_run_logger().info("%s", decision.message)
-    return decision
-
-
-def gate_workspace(ws: Path, parent_run_id: str | None) -> Decision:
-    """The work of :func:`champion_gate` (callable without Prefect): see the module docstring, step 3."""
-    import numpy as np
-
-    from pgrank.config import load_params
-    from pgrank.pipeline import champion as registry
-    from pgrank.pipeline import gate
-
-    params = load_params(ws / "params.yaml")
-    cfg = params.champion
-    if not params.tracking.enabled:
-        return Decision(False, "tracking.enabled is false: there is no model registry to gate in", cfg.metric)
-    client, paths = _registry(params, ws)
-    name, alias = params.tracking.registered_model, params.tracking.champion_alias
-    current = registry.champion(client, name, alias)
-    retrained = registry.versions_of_run(client, name, parent_run_id) if parent_run_id else []
-    challengers = retrained
-    if not challengers:
-        known = registry.versions(client, name)
-        if current is not None or not known:
-            decision = Decision(False, "nothing was retrained: this run registered no new model version (DVC found "
-                                "the data and the settings unchanged)", cfg.metric, champion=current)
-            registry.log_decision(params, paths, decision, parent_run_id=parent_run_id)
-            return decision
-        challengers = known[-1:]  # registered earlier (e.g. by `pgrank repro`) and never gated
-    if cfg.gate_set == "frozen":
-        gate_set = gate.frozen_gate_set(client, params, paths) or gate.freeze_gate_set(client, params, paths, parent_run_id)
-    else:
-        gate_set = gate.named_gate_set(params, paths)
-    leaked = gate.trained_on_gate(params, paths, gate_set)
-    metrics, _, _ = gate.gate_metrics(params)
-    if leaked and retrained:
-        decision = Decision(False, f"the challenger trained on {len(leaked)} gate queries (e.g. {leaked[:3]}); run the "
-                            "pipeline through scheduled retraining, which holds them out", cfg.metric,
-                            challenger=challengers[-1], champion=current, gate=gate_set.description)
-        registry.log_decision(params, paths, decision, parent_run_id=parent_run_id)
-        return decision
-    per_query = {v: gate.evaluate_version(params, paths, gate_set, gate.fetch_version(client, paths, name, v))
-                 for v in dict.fromkeys([*challengers, *([current] if current else [])])}
-    best = max(challengers, key=lambda v: (np.mean([q[cfg.metric] for q in per_query[v].values()] or [0.0]), int(v)))
-    decision = registry.decide(per_query[best], per_query[current] if current else None, cfg, challenger=best,
-                               champion=current, metrics=metrics, gate=gate_set.description)
-    registry.apply(client, name, alias, decision)
-    registry.log_decision(params, paths, decision, parent_run_id=parent_run_id,
-                          per_query={f"v{v}": values for v, values in per_query.items()})
     return decision
 
 

@@ -107,7 +107,7 @@ _DATASET_NAME = r"^[\w][\w.-]*$"
 
 
 class SourceConfig(_Section):
-    """A BEIR-format dataset of your own (:mod:`pgrank.data.sources`): a folder read in place, a local
+    """A BEIR-format dataset of your own (:mod:`pgrank.download.sources`): a folder read in place, a local
     zip, or an http(s) URL of a zip; validated and fingerprinted like a BEIR download."""
 
     path: str | None = Field(default=None, description="folder (or .zip) relative to the params file")

@@ -39,7 +39,7 @@ from pathlib import Path
 
 from pgrank.config import PathsConfig
 
-# The carve-out of data.train (pgrank.data.carve_out): split name -> file name under carved_qrels.
+# The carve-out of data.train (pgrank.download.carve_out): split name -> file name under carved_qrels.
 CARVED_TRAIN = "train-pg"
 VALIDATION = "validation"
 CARVED_FILES = {CARVED_TRAIN: "train", VALIDATION: "validation"}
@@ -55,8 +55,9 @@ _POLICY = re.compile(r"^pgrank-(?P<warm>.+?)(?:\+(?P<objective>[a-z0-9_]+))?(?:@
 
 
 @dataclass(frozen=True)
-class Policy:
-    """A trained policy's parts: its warm start, its training objective and (if named) an epoch."""
+class PolicyName:
+    """A trained policy's system name, parsed (:func:`parse_policy_name`): its warm start, its training
+    objective and (if named) an epoch."""
 
     warm: str
     objective: str = DEFAULT_OBJECTIVE
@@ -79,13 +80,13 @@ def policy_name(warm: str, objective: str = DEFAULT_OBJECTIVE, epoch: int | None
     return name if epoch is None else f"{name}@{epoch}"
 
 
-def parse_policy(system: str) -> Policy | None:
-    """The parts of a policy name, or ``None`` for a system that is not a trained policy."""
+def parse_policy_name(system: str) -> PolicyName | None:
+    """The parts of a system's name when it names a trained policy (``pgrank-minilm+listnet@2``), else ``None``."""
     found = _POLICY.match(system)
     if not found:
         return None
     epoch = found["epoch"]
-    return Policy(found["warm"], found["objective"] or DEFAULT_OBJECTIVE, None if epoch is None else int(epoch))
+    return PolicyName(found["warm"], found["objective"] or DEFAULT_OBJECTIVE, None if epoch is None else int(epoch))
 
 
 def slug(name: str) -> str:
@@ -111,7 +112,7 @@ class Paths:
         return self.data / name
 
     def fingerprint_cache(self, name: str) -> Path:
-        """SHA-256 of each file of a dataset, cached by (size, mtime) (:mod:`pgrank.data.manifests`)."""
+        """SHA-256 of each file of a dataset, cached by (size, mtime) (:mod:`pgrank.download.manifests`)."""
         return self.data / ".fingerprints" / f"{name}.json"
 
     def corpus_store(self, name: str, corpus_sha256: str) -> Path:
@@ -184,7 +185,7 @@ class Paths:
     # ---- evaluation and tables
     def _system_folder(self, top: str, system: str) -> tuple[Path, str]:
         """``top/<system>`` (a policy: ``top/pgrank-<warm>/<objective>``) and the epoch named, if any."""
-        policy = parse_policy(system)
+        policy = parse_policy_name(system)
         if policy is None:
             base, _, epoch = system.partition("@")
             return self.root / top / slug(base), epoch

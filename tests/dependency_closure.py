@@ -1,9 +1,11 @@
 """The pgrank code a DVC stage executes, computed from the source: the static import closure of its command.
 
-A stage's ``cmd`` is ``pgrank <subcommand> ...``; what it runs is ``cli.py``'s module-level imports, the
-imports inside that subcommand's function, and, transitively, every import statement (module level and
-inside functions) of every pgrank module reached, plus the ``__init__.py`` of each package on the way.
-Two dispatches by name are resolved as the code resolves them: ``pgrank evaluate --system S`` imports the
+A stage's ``cmd`` is ``pgrank <subcommand> ...``; what it runs is ``cli.py``'s module-level statements,
+its callback (``@app.callback()``, run before every subcommand), that subcommand's function, and the
+functions and classes of ``cli.py`` these name, with every import statement in them; then, transitively,
+every import statement (module level and inside functions) of every pgrank module reached, plus the
+``__init__.py`` of each package on the way. The dispatches by name through ``importlib`` registries
+(:data:`REGISTRIES`) are resolved as the code resolves them: ``pgrank evaluate --system S`` imports the
 retriever kind of ``S`` (:data:`pgrank.evaluation.systems.KINDS`), and ``pgrank mine`` the retriever of
 ``mine.source`` (:data:`pgrank.mining.candidate_sets.SOURCES`).
 
@@ -69,35 +71,74 @@ def closure(modules: Iterable[str], root: Path = ROOT) -> set[Path]:
     return files
 
 
+def _decorated(node: ast.AST, attr: str) -> list[ast.Call]:
+    """The ``@app.<attr>(...)`` decorators of a function of cli.py."""
+    return [deco for deco in getattr(node, "decorator_list", [])
+            if isinstance(deco, ast.Call) and getattr(deco.func, "attr", "") == attr]
+
+
+def _command_name(node: ast.AST) -> str | None:
+    """``download`` for the function under ``@app.command("download")``, else None."""
+    return next((getattr(deco.args[0], "value", None) for deco in _decorated(node, "command") if deco.args), None)
+
+
 def command_modules(subcommand: str, root: Path = ROOT) -> set[str]:
-    """The pgrank modules ``cli.py`` imports at module level and inside the function of ``subcommand``."""
+    """The pgrank modules ``cli.py`` imports when it runs ``subcommand``: at module level, in the callback,
+    in the subcommand's function, and in the functions and classes of ``cli.py`` these name (transitively)."""
     tree = ast.parse((root / "cli.py").read_text(encoding="utf-8"))
-    module_level = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef):
-            for deco in node.decorator_list:
-                if (isinstance(deco, ast.Call) and getattr(deco.func, "attr", "") == "command" and deco.args
-                        and getattr(deco.args[0], "value", None) == subcommand):
-                    return _imports(module_level + node.body, root)
-    raise KeyError(f"cli.py has no subcommand {subcommand!r}")
+    command = next((node for node in tree.body if _command_name(node) == subcommand), None)
+    if command is None:
+        raise KeyError(f"cli.py has no subcommand {subcommand!r}")
+    defined = {node.name: node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))
+               and _command_name(node) is None and not _decorated(node, "callback")}
+    runs = [node for node in tree.body if not isinstance(node, (ast.FunctionDef, ast.ClassDef))]
+    runs += [node for node in tree.body if _decorated(node, "callback")] + [command]
+    todo, seen = list(runs), set()
+    while todo:  # the helpers of cli.py that what runs names
+        for node in ast.walk(todo.pop()):
+            if isinstance(node, ast.Name) and node.id in defined and node.id not in seen:
+                seen.add(node.id)
+                todo.append(defined[node.id])
+    return _imports(runs + [defined[name] for name in seen], root)
+
+
+def _retriever_kind(argv: list[str], params) -> str | None:
+    from pgrank.evaluation.systems import KINDS, kind_of
+
+    return KINDS[kind_of(params, argv[argv.index("--system") + 1])] if "--system" in argv else None
+
+
+def _mining_source(argv: list[str], params) -> str | None:
+    from pgrank.mining.candidate_sets import SOURCES
+
+    return SOURCES[params.mine.source]
+
+
+# The dispatches by name of pgrank: (module, registry) -> the module a stage's command and params select.
+# tests/pipeline/test_dependencies.py checks that every `importlib.import_module(REGISTRY[...])` is listed.
+REGISTRIES = {
+    ("pgrank.evaluation.systems", "KINDS"): _retriever_kind,
+    ("pgrank.mining.candidate_sets", "SOURCES"): _mining_source,
+}
 
 
 def stage_files(cmd: str, params, root: Path = ROOT) -> set[Path]:
     """The files a DVC stage command executes (``cli.py`` included); ``params``: the stage's params."""
-    from pgrank.evaluation.systems import KINDS, kind_of
-    from pgrank.mining.candidate_sets import SOURCES
-
-    modules: set[str] = set()
+    files: set[Path] = set()
     for part in cmd.split("&&"):
         argv = shlex.split(part)
         assert argv[0] == "pgrank", cmd
         sub = next(a for a in argv[1:] if not a.startswith("-"))
-        modules |= command_modules(sub, root)
-        if sub == "evaluate":
-            modules.add(KINDS[kind_of(params, argv[argv.index("--system") + 1])])
-        if sub == "mine":
-            modules.add(SOURCES[params.mine.source])
-    return closure(modules, root) | {root / "cli.py"}
+        modules = command_modules(sub, root)
+        while True:  # each registry the command reaches selects its entry, which may reach another
+            reached = closure(modules, root)
+            chosen = {select(argv, params) for (module, _), select in REGISTRIES.items()
+                      if module_file(module, root) in reached} - {None}
+            if chosen <= modules:
+                break
+            modules |= chosen
+        files |= reached
+    return files | {root / "cli.py"}
 
 
 def covered(path: Path, deps: Iterable[Path]) -> bool:

@@ -5,26 +5,26 @@ from __future__ import annotations
 import pytest
 
 from pgrank.config import PathsConfig
-from pgrank.paths import Paths, Policy, parse_policy, policy_name
+from pgrank.paths import Paths, PolicyName, parse_policy_name, policy_name
 
 
 @pytest.mark.parametrize(("name", "policy", "canonical"), [
-    ("pgrank-sbert", Policy("sbert", "pg", None), "pgrank-sbert"),
-    ("pgrank-sbert+pg", Policy("sbert", "pg", None), "pgrank-sbert"),  # what dvc.yaml's matrix spells
-    ("pgrank-tas-b@2", Policy("tas-b", "pg", 2), "pgrank-tas-b@2"),
-    ("pgrank-minilm+listnet", Policy("minilm", "listnet", None), "pgrank-minilm+listnet"),
-    ("pgrank-minilm+lambdaloss@4", Policy("minilm", "lambdaloss", 4), "pgrank-minilm+lambdaloss@4"),
-    ("pgrank-org/model+infonce", Policy("org/model", "infonce", None), "pgrank-org/model+infonce"),
+    ("pgrank-sbert", PolicyName("sbert", "pg", None), "pgrank-sbert"),
+    ("pgrank-sbert+pg", PolicyName("sbert", "pg", None), "pgrank-sbert"),  # what dvc.yaml's matrix spells
+    ("pgrank-tas-b@2", PolicyName("tas-b", "pg", 2), "pgrank-tas-b@2"),
+    ("pgrank-minilm+listnet", PolicyName("minilm", "listnet", None), "pgrank-minilm+listnet"),
+    ("pgrank-minilm+lambdaloss@4", PolicyName("minilm", "lambdaloss", 4), "pgrank-minilm+lambdaloss@4"),
+    ("pgrank-org/model+infonce", PolicyName("org/model", "infonce", None), "pgrank-org/model+infonce"),
 ])
 def test_policy_names_round_trip(name, policy, canonical):
-    assert parse_policy(name) == policy
+    assert parse_policy_name(name) == policy
     assert policy.name == canonical == policy_name(policy.warm, policy.objective, policy.epoch)
-    assert parse_policy(canonical) == policy
+    assert parse_policy_name(canonical) == policy
 
 
 @pytest.mark.parametrize("system", ["sbert", "bm25", "tas-b", "splade-v2", "pgrank-"])
 def test_comparison_systems_are_not_policies(system):
-    assert parse_policy(system) is None
+    assert parse_policy_name(system) is None
 
 
 def test_each_objective_has_its_own_folders_and_pg_keeps_the_plain_name(tmp_path):

@@ -23,7 +23,7 @@ from pgrank.paths import Paths  # noqa: E402
 
 def test_the_rehearsal_profile_runs_every_stage_at_msmarco_shape(tmp_path, minilm_path):
     from pgrank.data.candidate_store import open_candidates
-    from pgrank.data.download import download
+    from pgrank.download.stage import download
     from pgrank.evaluation.stage import evaluate_dataset
     from pgrank.mining.candidate_sets import evaluation_targets, mine_splits, training_targets
     from pgrank.pipeline.plan import make_plan

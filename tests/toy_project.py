@@ -14,8 +14,8 @@ import yaml
 
 from pgrank.config import Params, parse_params
 from pgrank.data.candidate_store import run_sets, write_candidates
-from pgrank.data.carve_out import write_carve_out
 from pgrank.data.corpus_store import open_corpus
+from pgrank.download.carve_out import write_carve_out
 from pgrank.paths import Paths
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,8 +1,9 @@
-"""Paired significance tests over per-query values (pure: numbers in, a p-value out).
+"""Paired significance tests over per-query values (pure: numbers in, p-values out).
 
-Used by evaluation (a policy against its warm start), the tables (each objective against PG-Rank) and
-the promotion gate (challenger against champion). Queries are paired by id; only queries both
-systems answer count.
+Used by evaluation (a policy against its warm start, :func:`paired_tests`; the paper reports none),
+the tables (each objective against PG-Rank) and the promotion gate (challenger against champion). The
+test is ``student`` (paired t-test), ``wilcoxon`` (signed-rank) or ``fisher`` (randomization test, 9999
+resamples). Queries are paired by id; only queries both systems answer count.
 """
 
 from __future__ import annotations
@@ -25,3 +26,17 @@ def paired_test(a: dict[str, float], b: dict[str, float], test: str) -> float:
     result = stats.permutation_test((x, y), lambda u, v: np.mean(u - v), permutation_type="samples",
                                     n_resamples=9999, random_state=0)  # Fisher's randomization test
     return float(result.pvalue)
+
+
+def paired_tests(per_query: dict[str, dict[str, float]], baseline_values: dict[str, dict[str, float]],
+                 baseline: str, test: str, alpha: float) -> dict:
+    """Every metric of ``per_query`` (qid -> metric -> value) tested against the baseline's, with the verdict.
+
+    Returns:
+        ``{"baseline", "test", "alpha", "p_values": {metric: p}, "significant": {metric: p < alpha}}``.
+    """
+    metrics = sorted(next(iter(per_query.values())).keys()) if per_query else []
+    p = {m: paired_test({q: v[m] for q, v in per_query.items()}, {q: v[m] for q, v in baseline_values.items()}, test)
+         for m in metrics}
+    return {"baseline": baseline, "test": test, "alpha": alpha, "p_values": p,
+            "significant": {m: v < alpha for m, v in p.items()}}

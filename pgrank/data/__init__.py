@@ -1,3 +1,4 @@
-"""The ``download`` stage: BEIR datasets fetched, verified, extracted and validated; their content
-manifests; the seeded validation carve-out; and the TREC run files every stage reads and writes.
+"""The storage every stage reads: BEIR folders read with BEIR's contract, the corpus and candidate stores
+(memory-mapped columns), TREC run files and file checksums. Writing the datasets is the ``download``
+stage's (:mod:`pgrank.download`).
 """

@@ -20,7 +20,7 @@ Split names (:func:`qrels_path`, the one rule every stage goes through):
 
 * ``train``, ``dev``, ``test``, ... are BEIR's own ``{data}/{dataset}/qrels/{split}.tsv``;
 * ``train-pg`` and ``validation`` are the carve-out of ``data.train`` written by
-  :func:`pgrank.data.carve_out.write_carve_out` (``Paths.carved_qrels``): the paper
+  :func:`pgrank.download.carve_out.write_carve_out` (``Paths.carved_qrels``): the paper
   trains on ``train-pg`` and selects checkpoints on ``validation``; together they are the BEIR split.
 
 Example:
@@ -41,6 +41,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from pgrank.atomic import atomic_path
 from pgrank.errors import DataError
 from pgrank.paths import CARVED_FILES, CARVED_TRAIN, VALIDATION, Paths
 
@@ -51,6 +52,7 @@ Queries = dict[str, str]
 Qrels = dict[str, dict[str, int]]
 TEXT_SEP = " "  # BEIR joins title and text with one space
 _NAME = re.compile(r"^[\w.-]+$")
+_QRELS_HEADER = ["query-id", "corpus-id", "score"]
 
 
 @dataclass(frozen=True)
@@ -75,7 +77,7 @@ def document_text(doc) -> str:
 # --------------------------------------------------------------------------------------- parsing
 
 
-def _jsonl(path: Path, display: str, *, progress: bool = False, digest=None) -> Iterator[tuple[int, str, dict]]:
+def read_jsonl(path: Path, display: str, *, progress: bool = False, digest=None) -> Iterator[tuple[int, str, dict]]:
     """Yield ``(line number, _id, record)`` for each non-blank line; bad lines raise DataError."""
     if not path.is_file():
         raise DataError(f"{display}: no such file")
@@ -106,7 +108,8 @@ def parse_record(raw: bytes, display: str, line_no: int) -> tuple[str, dict]:
     return doc_id, record
 
 
-def _text(record: dict, key: str, display: str, line_no: int, *, default: str | None = None) -> str:
+def string_field(record: dict, key: str, display: str, line_no: int, *, default: str | None = None) -> str:
+    """``record[key]``, which must be a string (``default`` when absent or null); else a DataError naming the line."""
     value = record.get(key, default)
     if value is None and default is not None:
         value = default
@@ -115,19 +118,19 @@ def _text(record: dict, key: str, display: str, line_no: int, *, default: str | 
     return value
 
 
-def _first_line(path: Path, doc_id: str) -> int:
+def first_line_of(path: Path, doc_id: str) -> int:
     """Line on which ``doc_id`` first occurs (only called to explain a duplicate, so a rescan is fine)."""
-    for line_no, other, _ in _jsonl(path, str(path)):
+    for line_no, other, _ in read_jsonl(path, str(path)):
         if other == doc_id:
             return line_no
     return 0
 
 
 def _duplicate(path: Path, display: str, line_no: int, doc_id: str) -> DataError:
-    return DataError(f"{display}:{line_no}: duplicate _id {doc_id!r} (first on line {_first_line(path, doc_id)})")
+    return DataError(f"{display}:{line_no}: duplicate _id {doc_id!r} (first on line {first_line_of(path, doc_id)})")
 
 
-def _qrels_rows(path: Path, display: str) -> Iterator[tuple[int, str, str, int]]:
+def read_qrels_rows(path: Path, display: str) -> Iterator[tuple[int, str, str, int]]:
     """Yield ``(line, qid, doc_id, score)``; the first row is a header and skipped, as in BEIR."""
     if not path.is_file():
         raise DataError(f"{display}: no such file")
@@ -165,12 +168,12 @@ def load_corpus(dataset_dir: str | Path, *, progress: bool = True) -> Corpus:
     """
     path = Path(dataset_dir) / "corpus.jsonl"
     corpus: Corpus = {}
-    for line_no, doc_id, record in _jsonl(path, str(path), progress=progress):
+    for line_no, doc_id, record in read_jsonl(path, str(path), progress=progress):
         if doc_id in corpus:
             raise _duplicate(path, str(path), line_no, doc_id)
         corpus[doc_id] = {
-            "text": _text(record, "text", str(path), line_no),
-            "title": _text(record, "title", str(path), line_no, default=""),
+            "text": string_field(record, "text", str(path), line_no),
+            "title": string_field(record, "title", str(path), line_no, default=""),
         }
     if not corpus:
         raise DataError(f"{path}: empty corpus (no documents)")
@@ -181,10 +184,10 @@ def load_queries(dataset_dir: str | Path) -> Queries:
     """Read all of ``queries.jsonl`` (every split) into ``{qid: text}``."""
     path = Path(dataset_dir) / "queries.jsonl"
     queries: Queries = {}
-    for line_no, qid, record in _jsonl(path, str(path)):
+    for line_no, qid, record in read_jsonl(path, str(path)):
         if qid in queries:
             raise _duplicate(path, str(path), line_no, qid)
-        queries[qid] = _text(record, "text", str(path), line_no)
+        queries[qid] = string_field(record, "text", str(path), line_no)
     return queries
 
 
@@ -192,9 +195,18 @@ def load_qrels(path: str | Path) -> Qrels:
     """Read a BEIR qrels TSV into ``{qid: {doc_id: score}}`` (a repeated pair keeps its last score)."""
     path = Path(path)
     qrels: Qrels = {}
-    for _, qid, doc_id, score in _qrels_rows(path, str(path)):
+    for _, qid, doc_id, score in read_qrels_rows(path, str(path)):
         qrels.setdefault(qid, {})[doc_id] = score
     return qrels
+
+
+def write_qrels(path: str | Path, qrels: Qrels) -> None:
+    """Write a BEIR qrels TSV atomically: header, then one ``qid<TAB>doc<TAB>score`` row, CRLF like BEIR."""
+    with atomic_path(path) as tmp:
+        with open(tmp, "w", encoding="utf-8", newline="") as fh:
+            writer = csv.writer(fh, delimiter="\t", lineterminator="\r\n")
+            writer.writerow(_QRELS_HEADER)
+            writer.writerows([qid, doc_id, score] for qid, docs in qrels.items() for doc_id, score in docs.items())
 
 
 def qrels_path(paths: Paths, dataset: str, split: str) -> Path:
@@ -207,7 +219,8 @@ def qrels_path(paths: Paths, dataset: str, split: str) -> Path:
     return paths.dataset(dataset) / "qrels" / f"{split}.tsv"
 
 
-def _check_split(paths: Paths, dataset: str, split: str) -> Path:
+def split_qrels(paths: Paths, dataset: str, split: str) -> Path:
+    """The qrels file of ``dataset/split``, which must exist; else a DataError saying what to run or which splits exist."""
     folder = paths.dataset(dataset)
     if not (folder / "corpus.jsonl").is_file():
         raise DataError(f"{folder}: dataset {dataset!r} is not downloaded; run `pgrank download {dataset}`")
@@ -224,7 +237,7 @@ def _check_split(paths: Paths, dataset: str, split: str) -> Path:
 
 def load_topics(paths: Paths, dataset: str, split: str) -> tuple[Queries, Qrels]:
     """Queries and qrels of one split, without the corpus (BEIR: queries taken from the qrels)."""
-    path = _check_split(paths, dataset, split)
+    path = split_qrels(paths, dataset, split)
     qrels = load_qrels(path)
     if not qrels:
         raise DataError(f"{path}: no judgments (only a header); {dataset}/{split} has no queries")
@@ -241,7 +254,7 @@ def missing_documents(qrels: Qrels, corpus_ids) -> list[tuple[str, str]]:
     return [(qid, doc_id) for qid, docs in qrels.items() for doc_id in docs if doc_id not in corpus_ids]
 
 
-def _warn_missing(where: str, missing: list[tuple[str, str]], judged: int) -> None:
+def report_missing(where: str, missing: list[tuple[str, str]], judged: int) -> None:
     """Report judgments of absent documents (kept, as BEIR does); all of them absent is an error."""
     if missing and len(missing) == judged:
         raise DataError(f"{where}: none of its {judged} judged documents is in corpus.jsonl (e.g. "
@@ -265,6 +278,6 @@ def load_split(paths: Paths, dataset: str, split: str, *, progress: bool = True)
     """
     queries, qrels = load_topics(paths, dataset, split)
     corpus = load_corpus(paths.dataset(dataset), progress=progress)
-    _warn_missing(f"{dataset}/{split}", missing_documents(qrels, corpus), sum(map(len, qrels.values())))
+    report_missing(f"{dataset}/{split}", missing_documents(qrels, corpus), sum(map(len, qrels.values())))
     return BeirSplit(dataset=dataset, split=split, corpus=corpus, queries=queries, qrels=qrels)
 

@@ -44,7 +44,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from pgrank.atomic import atomic_path, write_json
-from pgrank.data.beir import TEXT_SEP, _first_line, _text, parse_record
+from pgrank.data.beir import TEXT_SEP, first_line_of, parse_record, string_field
 from pgrank.data.checksums import corpus_sha256
 from pgrank.data.columns import StringColumn, open_array
 from pgrank.errors import DataError
@@ -62,8 +62,8 @@ def id_hash(doc_id: str | bytes) -> int:
 
 
 def _document_text(record: dict, display: str, line_no: int) -> str:
-    title = _text(record, "title", display, line_no, default="")
-    return (title + TEXT_SEP + _text(record, "text", display, line_no)).strip()
+    title = string_field(record, "title", display, line_no, default="")
+    return (title + TEXT_SEP + string_field(record, "text", display, line_no)).strip()
 
 
 @dataclass(frozen=True)
@@ -227,7 +227,7 @@ def build_corpus_store(corpus_file: str | Path, folder: str | Path, *, dataset: 
             doc_id = data[offsets[b] : offsets[b + 1]].tobytes().decode("utf-8")
             later = max(a, b)
             line = _line_of(corpus_file, later)
-            raise DataError(f"{display}:{line}: duplicate _id {doc_id!r} (first on line {_first_line(corpus_file, doc_id)})")
+            raise DataError(f"{display}:{line}: duplicate _id {doc_id!r} (first on line {first_line_of(corpus_file, doc_id)})")
     ranks = np.empty(n, dtype=np.uint32)
     ranks[order] = np.arange(n, dtype=np.uint32)
     hash_values = np.frombuffer(hashes, dtype=np.uint64)

@@ -21,6 +21,7 @@ are ignored when ``evaluate.ignore_identical_ids`` is set (on a copy of the run)
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -30,15 +31,15 @@ import numpy as np
 
 from pgrank import tracking
 from pgrank.atomic import write_json
-from pgrank.config import EVAL_STAGES, Params
+from pgrank.config import EVAL_STAGES, Params, SignificanceConfig
+from pgrank.core.significance import paired_tests
 from pgrank.core.trec_eval import evaluate_run, mean_metrics
 from pgrank.data.beir import load_topics
 from pgrank.data.candidate_store import CandidateStore, open_candidates
 from pgrank.data.runs import ranked, write_run
 from pgrank.errors import PgrankError
-from pgrank.evaluation.significance import against_baseline
 from pgrank.evaluation.systems import canonical, open_system, warm_start_of
-from pgrank.paths import parse_policy
+from pgrank.paths import parse_policy_name
 from pgrank.paths import Paths
 
 log = logging.getLogger(__name__)
@@ -183,7 +184,7 @@ def _evaluate_dataset(params: Params, paths: Paths, system: str, dataset: str, s
         for r in evaluate(params, paths, system, f"{dataset}/{split}", params.evaluate.stages, retriever=retriever):
             summary.setdefault(split, {})[r.stage] = r.metrics
             results.append(r)
-    policy = parse_policy(system)
+    policy = parse_policy_name(system)
     if policy is not None and policy.epoch is None and "rerank" in params.evaluate.stages:
         kept = [e for e in params.evaluate.policy_epochs if e in params.train.keep_epochs and 0 < e < params.train.epochs]
         trained = [e for e in kept if paths.checkpoint(policy.warm, e, policy.objective).is_dir()]
@@ -203,3 +204,17 @@ def _evaluate_dataset(params: Params, paths: Paths, system: str, dataset: str, s
                     summary.setdefault(f"epoch-{epoch}", {}).setdefault(split, {})["rerank"] = r.metrics
                     results.append(r)
     return results, summary
+
+
+def against_baseline(per_query: dict[str, dict[str, float]], baseline_file: Path, baseline: str,
+                     cfg: SignificanceConfig) -> dict | None:
+    """Every metric of ``per_query`` tested against the baseline's ``per_query.json``
+    (:func:`pgrank.core.significance.paired_tests`, ``evaluate.significance``).
+
+    Returns ``None`` (with a warning) when the baseline has not been evaluated.
+    """
+    if not baseline_file.is_file():
+        log.warning("%s: no results of the warm start %r; run it first for a significance test", baseline_file, baseline)
+        return None
+    other = json.loads(baseline_file.read_text(encoding="utf-8"))
+    return paired_tests(per_query, other, baseline, cfg.test, cfg.alpha)

@@ -12,7 +12,7 @@ import importlib
 
 from pgrank.config import Params
 from pgrank.errors import PgrankError
-from pgrank.paths import Paths, parse_policy, policy_name
+from pgrank.paths import Paths, parse_policy_name, policy_name
 
 # kind -> the module with for_evaluation(params, paths, system, dataset, *, candidates) -> retriever
 KINDS: dict[str, str] = {
@@ -29,13 +29,13 @@ def policy_systems(params: Params) -> list[str]:
 
 def warm_start_of(system: str) -> str | None:
     """The warm start of a policy (``pgrank-minilm+listnet@2`` -> ``minilm``), else ``None``."""
-    policy = parse_policy(system)
+    policy = parse_policy_name(system)
     return None if policy is None else policy.warm
 
 
 def canonical(system: str) -> str:
     """A policy's canonical name (``pgrank-minilm+pg`` -> ``pgrank-minilm``); other systems unchanged."""
-    policy = parse_policy(system)
+    policy = parse_policy_name(system)
     return system if policy is None else policy.name
 
 
@@ -45,7 +45,7 @@ def kind_of(params: Params, system: str) -> str:
     Raises:
         PgrankError: the name is neither a policy nor listed under ``evaluate.systems``.
     """
-    policy = parse_policy(system)
+    policy = parse_policy_name(system)
     if policy is not None:
         if policy.objective not in params.train.objectives:
             raise PgrankError(f"system {system!r}: objective {policy.objective!r} is not in train.objectives "

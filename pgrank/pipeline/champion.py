@@ -2,12 +2,12 @@
 
 Training registers every final model as a version of ``tracking.registered_model`` (default
 ``pgrank-retriever``); the alias ``tracking.champion_alias`` (default ``champion``) marks the version
-that serves. Scheduled retraining (``flows/retraining.py``) evaluates the versions a pipeline run
-registered (the challengers) and the champion *side by side on one fixed gate set*
+that serves. Scheduled retraining (:func:`pgrank.pipeline.retraining.gate_workspace`) evaluates the versions
+a pipeline run registered (the challengers) and the champion *side by side on one fixed gate set*
 (:mod:`pgrank.pipeline.gate`), never on each model's own validation split, which moves with the data.
 
 :func:`decide` is the rule, a pure function of per-query values: the best challenger on
-``champion.metric`` is promoted only if its mean over the gate queries beats the champion's by more
+``champion.metric`` (:func:`best_challenger`) is promoted only if its mean over the gate queries beats the champion's by more
 than ``champion.min_gain`` and a paired ``champion.test`` (:func:`pgrank.core.significance.paired_test`)
 gives ``p < champion.alpha`` (``alpha: null``: no significance required). The first challenger is
 promoted when there is no champion yet. :func:`apply` moves the alias and tags the challenger's
@@ -102,6 +102,11 @@ class Decision:
 
 def _mean(values: PerQuery, qids: list[str], metric: str) -> float:
     return float(np.mean([values[q][metric] for q in qids])) if qids else 0.0
+
+
+def best_challenger(per_query: dict[str, PerQuery], metric: str) -> str:
+    """The version whose mean ``metric`` over its gate queries is highest (a tie goes to the newer version)."""
+    return max(per_query, key=lambda v: (np.mean([q[metric] for q in per_query[v].values()] or [0.0]), int(v)))
 
 
 def decide(challenger_values: PerQuery, champion_values: PerQuery | None, cfg: ChampionConfig, *,

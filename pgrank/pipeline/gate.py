@@ -20,8 +20,8 @@ corpus-embedding artifact (for a ``tower: query`` policy the frozen warm start, 
 already built), reranking the gate set's candidate sets (``champion.stage: rerank``, streamed in chunks by
 :func:`pgrank.evaluation.stage.rerank_runs` from a candidate store of the sets written for the
 evaluation) or searching the whole corpus (``full``, :func:`pgrank.evaluation.stage.search_runs`),
-scored per query by pytrec_eval. The decision is
-:func:`pgrank.pipeline.champion.decide`.
+scored per query by pytrec_eval. The decision is :func:`pgrank.pipeline.champion.decide`; the gate of a
+retraining run as a whole, :func:`pgrank.pipeline.retraining.gate_workspace`.
 """
 
 from __future__ import annotations
@@ -34,13 +34,12 @@ from typing import TYPE_CHECKING
 
 from pgrank.atomic import atomic_path, write_json, write_text
 from pgrank.config import GATE_METRIC, Params
-from pgrank.data.beir import Qrels, load_qrels, load_topics
+from pgrank.data.beir import Qrels, load_qrels, load_topics, write_qrels
 from pgrank.data.candidate_store import (
     CandidateStoreWriter,
     open_candidate_store,
     open_candidates,
 )
-from pgrank.data.carve_out import write_qrels
 from pgrank.data.runs import ranked, read_run, write_run
 from pgrank.errors import PgrankError
 from pgrank.paths import VALIDATION, Paths

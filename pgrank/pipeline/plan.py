@@ -15,7 +15,7 @@ warm start, evaluation per system and dataset) the plan counts:
   loads it).
 
 Dataset sizes come from the data on disk when it is downloaded, else from BEIR's published sizes
-(:data:`pgrank.data.catalogue.BEIR_SIZES`). Hours come from throughput rates (:mod:`pgrank.pipeline.rates`):
+(:data:`pgrank.download.catalogue.BEIR_SIZES`). Hours come from throughput rates (:mod:`pgrank.pipeline.rates`):
 ``--calibrate`` measures each model on the machine at hand (inference and, for warm starts, forward+backward, at
 texts of 32 to 512 tokens, CUDA-synchronised); without it the paper's models are priced from the rates
 ``bench/gpu.py`` measured on a GPU (``measured_rates.yaml``). Either way each stage's texts are as long as its
@@ -37,7 +37,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from pgrank.config import Params
-from pgrank.data.catalogue import BEIR_SIZES
+from pgrank.download.catalogue import BEIR_SIZES
 from pgrank.errors import PgrankError
 from pgrank.paths import CARVED_TRAIN, VALIDATION, Paths, policy_name
 from pgrank.pipeline.rates import ModelRates, mean_words, measure_rates, table_device, table_rates, tokens_of

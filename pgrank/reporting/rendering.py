@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pgrank.paths import parse_policy
+from pgrank.paths import parse_policy_name
 
 DASH = "—"
 GAIN = "▲"
@@ -96,14 +96,14 @@ class Table:
 def warm_start(system: str) -> str | None:
     """``sbert`` for ``pgrank-sbert``, ``pgrank-sbert@2`` and ``pgrank-sbert+listnet``; None for a system that
     is not a trained policy."""
-    policy = parse_policy(system)
+    policy = parse_policy_name(system)
     return policy.warm if policy else None
 
 
 def system_name(system: str) -> str:
     """Display name: ``tas-b`` -> "TAS-B", ``pgrank-sbert@2`` -> "PG-Rank with SBERT (epoch 2)",
     ``pgrank-sbert+listnet`` -> "ListNet with SBERT"."""
-    policy = parse_policy(system)
+    policy = parse_policy_name(system)
     if policy is None:
         return SYSTEM_NAMES.get(system, system)
     epoch = f" (epoch {policy.epoch})" if policy.epoch is not None else ""

@@ -1,8 +1,10 @@
 """Training examples and batch tensors: a query, its candidate set and the candidates' grades.
 
 Examples come from a split's candidate store (:mod:`pgrank.data.candidate_store`), memory-mapped: a
-:class:`TrainingSet` hands out one batch of queries at a time, so no process (and no DDP rank) holds a
-split's candidate sets (MS MARCO: 5x10^8 pairs) as Python objects or in private memory.
+:class:`TrainingSet` (:func:`training_set`) hands out one batch of queries at a time, so no process (and no
+DDP rank) holds a split's candidate sets (MS MARCO: 5x10^8 pairs) as Python objects or in private memory.
+In ``tower: query`` mode the documents are :class:`FrozenDocuments` (:func:`frozen_documents`), rows of the
+warm start's corpus-embedding artifact.
 
 A batch of ``B`` queries becomes padded tensors over the batch's *unique* candidate documents (a
 document shared by several queries is encoded once, in first-seen order): ``index (B, n)`` into the
@@ -19,8 +21,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pgrank.data.candidate_store import CandidateStore
-from pgrank.retrieval.dense.corpus_embeddings import CorpusEmbeddings
+from pgrank.config import Params
+from pgrank.data.candidate_store import CandidateStore, open_candidates
+from pgrank.errors import DataError
+from pgrank.paths import Paths
+from pgrank.retrieval.dense.corpus_embeddings import CorpusEmbeddings, model_corpus_embeddings
 
 
 @dataclass(frozen=True)
@@ -104,6 +109,25 @@ class FrozenDocuments:
         if len(rows) and (rows.min() < 0 or rows.max() >= self.embeddings.num_docs):
             raise KeyError(f"candidate rows outside the {self.embeddings.num_docs} rows of {self.embeddings.folder}")
         return torch.from_numpy(self.embeddings.vectors(rows)).to(device)
+
+
+def training_set(paths: Paths, dataset: str, split: str, corpus, training: bool = False) -> TrainingSet:
+    """The candidate store of ``dataset/split`` (``training``: a ``train.validation_sets`` set, among the
+    training sets), checked against ``corpus``."""
+    store = open_candidates(paths, dataset, split, training)
+    if store.meta.get("corpus_sha256") != corpus.sha256:
+        raise DataError(f"{store.folder}: mined from another version of the {dataset} corpus; run `pgrank mine --training`")
+    if not len(store):
+        raise DataError(f"{store.folder}: no query of {dataset}/{split} has a candidate set")
+    return TrainingSet(store)
+
+
+def frozen_documents(params: Params, paths: Paths, ref, corpus) -> FrozenDocuments:
+    """The warm start's corpus-embedding artifact (shared with mining when the model and length match)."""
+    cfg = params.train
+    return FrozenDocuments(model_corpus_embeddings(
+        ref, params.models, paths, corpus, max_seq_length=cfg.max_doc_length, batch_size=params.mine.batch_size,
+        chunk_size=params.mine.chunk_size))
 
 
 def candidate_scores(q: Tensor, docs: Tensor, index: Tensor, similarity: str) -> Tensor:

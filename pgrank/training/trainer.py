@@ -17,12 +17,15 @@ Training runs on the carved ``train-pg`` split of ``data.train`` and reports nDC
 seed, resumes from the last finished epoch after a kill (same final weights), stops on a non-finite
 loss or gradient keeping the last good checkpoint, runs data-parallel under ``torchrun``, and logs
 to MLflow from rank 0.
+
+:func:`train` goes in named steps over one :class:`pgrank.training.run.Run`: :func:`setup` (the data, the
+models from one read of each weight file, :mod:`pgrank.training.warm_start`, the optimizer), :func:`resume`,
+then per epoch :func:`train_epoch` (the updates, :mod:`pgrank.training.step`) and :func:`end_epoch`
+(validation, checkpoints, the selected epoch, the resumable state), and :func:`finish`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import hashlib
 import json
 import logging
@@ -41,34 +44,16 @@ from pgrank.atomic import write_json, write_text
 from pgrank.config import Params
 from pgrank.core.objectives import OBJECTIVES
 from pgrank.errors import PgrankError
-from pgrank.paths import CARVED_TRAIN, VALIDATION, Paths
+from pgrank.paths import Paths
 from pgrank.training import checkpoints, distributed, selection
-from pgrank.training.batches import (
-    Batch,
-    FrozenDocuments,
-    candidate_scores,
-    epoch_order,
-    make_batch,
-    query_generators,
-)
-from pgrank.training.grad_cache import backward_cached, encode, encode_cached
-from pgrank.training.reference import ReferencePolicy
-from pgrank.training.validation import frozen_documents, out_of_domain_set, qrels_by_row, training_set, validate
+from pgrank.training.batches import epoch_order, make_batch
+from pgrank.training.grad_cache import encode
+from pgrank.training.run import Run, open_data
+from pgrank.training.step import TrainingError, accumulate_gradients
+from pgrank.training.validation_ndcg import validate
+from pgrank.training.warm_start import load_models
 
 log = logging.getLogger(__name__)
-
-
-
-class TrainingError(PgrankError):
-    """Training cannot go on (non-finite loss or gradient, no training data)."""
-
-
-@dataclass(frozen=True)
-class StepStats:
-    loss: float
-    utility: float
-    entropy: float
-    kl: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -79,59 +64,7 @@ class TrainResult:
     registered_version: str | None
 
 
-# --------------------------------------------------------------------------------------- one step
-
-
-def accumulate_gradients(model, batch: Batch, params: Params, *, epoch: int, frozen: FrozenDocuments | None,
-                         corpus=None, forward=None, no_sync=None, reference: ReferencePolicy | None = None,
-                         objective: str = "pg") -> StepStats:
-    """Forward and backward of one (local) batch; leaves the gradients in ``model``'s parameters.
-
-    Args:
-        model: the trainable sentence-transformers model (``forward``: its DDP wrapper, if any).
-        batch: queries, candidates, grades and mask.
-        frozen: document embeddings for ``tower: query`` (``None`` for ``tower: both``).
-        corpus: the corpus store for ``tower: both`` (only the batch's documents are read).
-        no_sync: DDP's ``no_sync`` factory; all but the last backward then accumulate locally.
-        reference: the frozen warm start, for ``train.pg.kl_coef > 0`` (:mod:`pgrank.training.reference`).
-
-    The loss is ``objective``'s (:data:`pgrank.core.objectives.OBJECTIVES`, one of ``train.objectives``): the
-    paper's policy gradient, or one of the standard losses on the same candidates with the same temperature.
-    """
-    cfg = params.train
-    device = batch.relevance.device
-    gens = query_generators(cfg.seed, epoch, [ex.qid for ex in batch.examples], device)
-    enc = dict(amp=cfg.amp, forward=forward)
-    first = no_sync() if (no_sync is not None and cfg.tower == "both") else contextlib.nullcontext()
-    with first:
-        q = encode(model, [ex.query for ex in batch.examples], task="query", max_length=cfg.max_query_length, **enc)
-        if cfg.tower == "query":
-            docs, texts, states = frozen.vectors(batch.unique_rows, device), None, None
-        else:
-            texts = corpus.texts(batch.unique_rows)
-            docs, states = encode_cached(model, texts, chunk_size=cfg.grad_chunk_size, task="document",
-                                         max_length=cfg.max_doc_length, **enc)
-        scores = candidate_scores(q, docs, batch.index, cfg.similarity)
-        pg = cfg.pg
-        if objective == "pg":
-            ref_scores = reference.scores(batch, frozen=frozen, corpus=corpus) if pg.kl_coef else None
-            knobs = dict(num_samples=pg.num_samples, utility=pg.utility, estimator=pg.estimator, baseline=pg.baseline,
-                         entropy_coef=pg.entropy_coef, entropy=pg.entropy, reference_scores=ref_scores,
-                         kl_coef=pg.kl_coef, kl=pg.kl)
-        else:
-            knobs = {}
-        out = OBJECTIVES[objective](scores, batch.relevance, batch.mask, temperature=pg.temperature,
-                                        generator=gens, **knobs)
-        if not torch.isfinite(out.loss):
-            raise TrainingError(f"epoch {epoch}: the loss is {out.loss.item()} (queries {[e.qid for e in batch.examples][:5]})")
-        out.loss.backward()
-    if cfg.tower == "both":
-        backward_cached(model, texts, docs.grad, states, chunk_size=cfg.grad_chunk_size, task="document",
-                        max_length=cfg.max_doc_length, no_sync=no_sync, **enc)
-    return StepStats(out.loss.item(), out.utility.item(), out.entropy.item(), out.kl.item())
-
-
-# --------------------------------------------------------------------------------------- the stage
+# --------------------------------------------------------------------------------------- setup, resume
 
 
 def _fingerprint(params: Params, warm_key: str, objective: str, data: Sequence[str | None] = ()) -> str:
@@ -146,15 +79,216 @@ def _fingerprint(params: Params, warm_key: str, objective: str, data: Sequence[s
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def _policy_model(ref, doc_ref, params: Params, dev):
-    """The warm start as the trained policy is built from it (frozen here: the KL reference)."""
+def setup(params: Params, paths: Paths, warm_start: str, objective: str, device: str | None, *,
+          progress: bool) -> Run:
+    """Resolve the warm start, open the data, build the models (each weight file read once), seed, and make
+    the optimizer: everything of a run before its trainer state."""
+    from pgrank.models.hub import resolve_model
+
+    cfg = params.train
+    world, dev = distributed.setup(device, timeout_minutes=cfg.ddp_timeout_minutes)
+    ref = resolve_model(warm_start, params.models)
+    # A tower:query checkpoint as the warm start (continual training): its query route trains, its documents stay.
+    doc_ref = (checkpoints.document_encoder(ref, params.models) if cfg.tower == "query" else None) or ref
+    data = open_data(params, paths, doc_ref, progress=progress and world.is_main)
+    fingerprint = _fingerprint(params, ref.key, objective, data.digests())
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    models = load_models(ref, doc_ref, params, dev, reference=objective == "pg" and bool(cfg.pg.kl_coef))
+    model = models.policy
+    model.eval()  # the probe must not consume RNG (dropout): resumed runs replay the RNG exactly
+    unused = distributed.freeze_unused(
+        model, lambda m: encode(m, ["probe"], task="query", max_length=8, amp=cfg.amp).sum())
+    if unused:
+        log.info("not training %d parameters the embeddings do not use: %s", len(unused), ", ".join(unused[:4]))
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=cfg.learning_rate_for(objective), weight_decay=cfg.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: min(1.0, (step + 1) / cfg.warmup_steps) if cfg.warmup_steps else 1.0)
+    return Run(params, paths, warm_start, objective, ref, doc_ref, world, dev, data, fingerprint, models, trainable,
+               optimizer, scheduler)
+
+
+def resume(run: Run) -> None:
+    """Continue from the saved trainer state of these settings (weights, optimizer, scheduler, RNG), or start
+    afresh; then keep in the output only this configuration's work, and wrap the policy for DDP."""
     from pgrank.models.hub import load_encoder
 
-    model = load_encoder(ref, params.models, device=str(dev), max_seq_length=params.train.max_doc_length)
-    if doc_ref is not ref:
-        model = checkpoints.query_route(model)
-    model.similarity_fn_name = params.train.similarity
-    return model
+    paths, model = run.paths, run.models.policy
+    state_dir = paths.train_state(run.warm_start, run.objective)
+    state = checkpoints.load_state(state_dir)
+    if state is not None and state.fingerprint != run.fingerprint:
+        log.warning("%s: settings changed since this state was saved; starting over", state_dir)
+        state = None
+    if state is not None:
+        saved = load_encoder(str(state_dir / "model"), run.params.models, device=str(run.device))
+        model.load_state_dict(saved.state_dict())
+        run.optimizer.load_state_dict(state.optimizer)
+        run.scheduler.load_state_dict(state.scheduler)
+        checkpoints.restore_rng(state)
+        log.info("resuming %s after epoch %d (step %d)", run.warm_start, state.epoch, state.step)
+    else:
+        state = checkpoints.TrainerState(epoch=0, step=0, fingerprint=run.fingerprint)
+        if run.world.is_main:
+            (paths.training_log(run.warm_start, run.objective) / "curve.csv").unlink(missing_ok=True)  # a fresh curve
+    if run.world.is_main:
+        # The output (DVC `persist`, so that a killed run resumes) holds only this configuration's work.
+        model_dir = paths.model_dir(run.warm_start, run.objective)
+        stale = checkpoints.prune(model_dir, run.fingerprint, state.epoch)
+        if stale:
+            log.info("%s: removed %s, left by another configuration or an unfinished epoch", model_dir, ", ".join(stale))
+    run.state = state
+    model.train()
+    run.forward = distributed.wrap(model, run.world, run.device)
+    run.no_sync = distributed.no_sync(run.forward)
+
+
+# --------------------------------------------------------------------------------------- validation, selection
+
+
+def validated(run: Run) -> dict[str, float]:
+    """In-domain (``val_<metric>``) and out-of-domain (``val_<set>_<metric>``) validation metrics."""
+    data, model = run.data, run.models.policy
+    row = {f"val_{k}": v for k, v in validate(model, data.validation, data.validation_qrels, run.params,
+                                               frozen=data.frozen, corpus=data.corpus, world=run.world).items()}
+    for vs in data.out_of_domain:
+        metrics = validate(model, vs.examples, vs.qrels, run.params, frozen=vs.frozen, corpus=vs.corpus, world=run.world)
+        row.update({selection.set_key(vs.name, k): v for k, v in metrics.items()})
+    return row
+
+
+def write_checkpoint(run: Run, folder: Path, epoch: int, **extra) -> None:
+    """The policy as a sentence-transformers checkpoint (``tower: query``: with the frozen document side)."""
+    cfg, model = run.cfg, run.models.policy
+    meta = {"warm_start": run.warm_start, "warm_start_model": run.ref.key, "objective": run.objective, "tower": cfg.tower,
+            "epoch": epoch, "similarity": cfg.similarity, "fingerprint": run.fingerprint, **extra,
+            "document_encoder": run.doc_ref.key if cfg.tower == "query" else None}
+    doc_model = None
+    if cfg.tower == "query":
+        doc_model = run.models.documents()
+        model[0].max_seq_length = cfg.max_query_length
+    checkpoints.save_model(model, folder, meta, document_model=doc_model)
+    if cfg.tower == "query":
+        model[0].max_seq_length = cfg.max_doc_length
+
+
+def keep_epoch(run: Run, epoch: int) -> None:
+    """Save a validated epoch: as ``epoch-E/`` when ``train.keep_epochs`` keeps it (and the last), and as
+    ``selected/`` when a selection rule other than ``last`` picks it."""
+    cfg = run.cfg
+    if not run.world.is_main:
+        return
+    if epoch in cfg.keep_epochs or epoch == cfg.epochs:
+        write_checkpoint(run, run.paths.checkpoint(run.warm_start, epoch, run.objective), epoch)
+    if cfg.selection.rule != "last" and selection.select_epoch(run.state.history, cfg.validation_sets, cfg.selection) == epoch:
+        write_checkpoint(run, run.paths.selected_checkpoint(run.warm_start, run.objective), epoch,
+                         selected_by=cfg.selection.rule)
+
+
+# --------------------------------------------------------------------------------------- epochs
+
+
+def train_epoch(run: Run, epoch: int, tracker, *, progress: bool) -> tuple[dict, float, list[dict]]:
+    """One epoch of updates: its mean loss and utility, its wall time and its per-step curve points."""
+    cfg, state, dev, world = run.cfg, run.state, run.device, run.world
+    order = epoch_order(len(run.data.train), cfg.seed, epoch, cfg.queries_per_epoch)
+    batches = [order[i : i + cfg.batch_size] for i in range(0, len(order), cfg.batch_size)]
+    bar = tqdm(batches, desc=f"epoch {epoch}/{cfg.epochs}", disable=not (progress and world.is_main), unit="batch")
+    sums = {"loss": 0.0, "utility": 0.0}
+    curve: list[dict] = []
+    epoch_started = time.perf_counter()
+    for batch_ids in bar:
+        started = time.perf_counter()
+        local = run.data.train.examples(distributed.shard(batch_ids, world))
+        stats = accumulate_gradients(run.models.policy, make_batch(local, dev), run.params, epoch=epoch,
+                                     frozen=run.data.frozen, corpus=run.data.corpus, forward=run.forward,
+                                     no_sync=run.no_sync, reference=run.models.reference, objective=run.objective)
+        norm = torch.nn.utils.clip_grad_norm_(run.trainable, cfg.grad_clip or math.inf)
+        if not torch.isfinite(norm):
+            raise TrainingError(
+                f"epoch {epoch}, step {state.step + 1}: the gradient norm is {norm.item()}; stopped before "
+                f"updating. The last good checkpoint and resumable state are in "
+                f"{run.paths.model_dir(run.warm_start, run.objective)}. Lower train.learning_rate or raise "
+                "train.pg.temperature.")
+        run.optimizer.step()
+        run.scheduler.step()
+        run.optimizer.zero_grad(set_to_none=True)
+        state.step += 1
+        loss = distributed.all_mean(stats.loss, world, dev)
+        utility = distributed.all_mean(stats.utility, world, dev)
+        point = {"step": state.step, "epoch": epoch, "loss": loss, "utility": utility,
+                 "grad_norm": norm.item(), "entropy": stats.entropy}
+        curve.append(point)
+        logged = {k: point[k] for k in ("loss", "utility", "grad_norm", "entropy")}
+        if run.models.reference is not None:
+            logged["kl"] = distributed.all_mean(stats.kl, world, dev)
+        tracking.log_metrics(tracker, logged, step=state.step)
+        sums["loss"] += loss
+        sums["utility"] += utility
+        rate = len(batch_ids) / max(time.perf_counter() - started, 1e-9)
+        bar.set_postfix(loss=f"{loss:.4f}", utility=f"{utility:.4f}", q_s=f"{rate:.1f}",
+                        rankings_s=f"{rate * cfg.pg.num_samples:.0f}")
+    seconds = time.perf_counter() - epoch_started  # the updates alone: validation is the same for every loss
+    means = {"train_loss": sums["loss"] / len(batches), "train_utility": sums["utility"] / len(batches)}
+    return means, seconds, curve
+
+
+def end_epoch(run: Run, epoch: int, means: dict, seconds: float, curve: list[dict], tracker) -> None:
+    """Validate the epoch, record it (history, MLflow, checkpoints, curve, timings) and save the resumable state."""
+    state, paths = run.state, run.paths
+    row = {"epoch": epoch, **means, **validated(run)}
+    state.history.append(row)
+    tracking.log_metrics(tracker, {**{k: v for k, v in row.items() if k != "epoch"}, "epoch_seconds": seconds},
+                         step=state.step)
+    if run.world.is_main:
+        log.info("epoch %d: %s", epoch, ", ".join(f"{k}={v:.4f}" for k, v in row.items() if k != "epoch"))
+        keep_epoch(run, epoch)
+        state.epoch = epoch
+        state.optimizer, state.scheduler = run.optimizer.state_dict(), run.scheduler.state_dict()
+        checkpoints.capture_rng(state)
+        state.mlflow_run_id = tracker.info.run_id if tracker is not None else None
+        state.curve += curve  # the state holds the whole curve: DVC deletes curve.csv before a rerun
+        log_dir = paths.training_log(run.warm_start, run.objective)
+        _write_curve(log_dir / "curve.csv", state.curve)
+        _record_time(paths.timings(run.warm_start, run.objective), epoch, seconds, run.world.size, run.device)
+        checkpoints.save_state(paths.train_state(run.warm_start, run.objective), run.models.policy, state)
+    distributed.barrier(run.world)
+
+
+# --------------------------------------------------------------------------------------- finish
+
+
+def finish(run: Run, tracker) -> TrainResult:
+    """The policy (the last epoch, or the one ``train.selection`` chose), its history written and logged, its
+    model registered; the resumable state removed."""
+    cfg, state, paths = run.cfg, run.state, run.paths
+    final = paths.checkpoint(run.warm_start, cfg.epochs, run.objective)
+    if cfg.selection.rule != "last":
+        final = paths.selected_checkpoint(run.warm_start, run.objective)
+        chosen = selection.summary(state.history, cfg.validation_sets, cfg.selection)
+        log.info("selected epoch %s by rule %s: %s", chosen["epoch"], cfg.selection.rule,
+                 ", ".join(f"{k}={v:+.4f}" if k.endswith("gain") else f"{k}={v}" for k, v in chosen.items()))
+        tracking.log_metrics(tracker, {f"selected_{k}": v for k, v in chosen.items() if k != "rule"})
+        if tracker is not None:
+            import mlflow
+
+            mlflow.set_tags({"pgrank.selection.rule": cfg.selection.rule, "pgrank.selection.epoch": chosen["epoch"]})
+    version = None
+    if run.world.is_main:
+        log_dir = paths.training_log(run.warm_start, run.objective)
+        _write_curve(log_dir / "curve.csv", state.curve)  # also when resumed at the end
+        write_json(log_dir / "history.json", state.history)
+        if tracker is not None:
+            tracking.log_artifact(tracker, str(log_dir / "history.json"))
+            from sentence_transformers import SentenceTransformer
+
+            version = tracking.log_model(tracker, SentenceTransformer(str(final), device="cpu"),
+                                         registered_name=run.params.tracking.registered_model)
+        checkpoints.remove(paths.train_state(run.warm_start, run.objective))
+    return TrainResult(paths.model_dir(run.warm_start, run.objective), final, state.history, version)
+
+
+# --------------------------------------------------------------------------------------- the stage
 
 
 def train(params: Params, paths: Paths, warm_start: str, *, objective: str = "pg", device: str | None = None,
@@ -165,217 +299,42 @@ def train(params: Params, paths: Paths, warm_start: str, *, objective: str = "pg
     Writes ``Paths.checkpoint(warm_start, e, objective)`` for every kept epoch (and the last), under
     ``Paths.training_log(warm_start, objective)`` ``history.json`` (per-epoch validation metrics) and
     ``curve.csv`` (per-step loss, utility, gradient norm, entropy), and the wall time of each epoch's
-    updates to ``Paths.timings(warm_start, objective)``.
+    updates to ``Paths.timings(warm_start, objective)``. The steps: :func:`setup`, :func:`resume`, then per
+    epoch :func:`train_epoch` and :func:`end_epoch` (validation and selection), and :func:`finish`.
 
     Raises:
         TrainingError: missing candidates, or a non-finite loss or gradient (the last good
             checkpoint and resumable state are kept).
     """
-    from pgrank.data.beir import load_topics
-    from pgrank.data.corpus_store import open_corpus
-    from pgrank.models.hub import load_encoder, resolve_model
-
-    cfg = params.train
     if objective not in OBJECTIVES:
         raise PgrankError(f"objective {objective!r}: expected one of {', '.join(OBJECTIVES)}")
-    learning_rate = cfg.learning_rate_for(objective)
-    dataset = params.data.train.split("/")[0]
-    world, dev = distributed.setup(device, timeout_minutes=cfg.ddp_timeout_minutes)
-    ref = resolve_model(warm_start, params.models)
-    # A tower:query checkpoint as the warm start (continual training): its query route trains, its documents stay.
-    doc_ref = (checkpoints.document_encoder(ref, params.models) if cfg.tower == "query" else None) or ref
-    model_dir, state_dir = paths.model_dir(warm_start, objective), paths.train_state(warm_start, objective)
-    log_dir, timings = paths.training_log(warm_start, objective), paths.timings(warm_start, objective)
-
-    # Every rank memory-maps the same corpus and candidate stores: nothing of either is a private copy.
-    corpus = open_corpus(paths, dataset, progress=progress and world.is_main)
-    train_examples = training_set(paths, dataset, CARVED_TRAIN, corpus)
-    val_examples = training_set(paths, dataset, VALIDATION, corpus)
-    val_qrels = qrels_by_row(load_topics(paths, dataset, VALIDATION)[1], corpus)
-    frozen = frozen_documents(params, paths, doc_ref, corpus) if cfg.tower == "query" else None
-    ood = [out_of_domain_set(params, paths, name, doc_ref) for name in cfg.validation_sets]
-    fingerprint = _fingerprint(params, ref.key, objective,
-                               [s.store.meta.get("sha256") for s in (train_examples, val_examples, *(v.examples for v in ood))])
-
-    reference = None
-    if objective == "pg" and cfg.pg.kl_coef:  # loaded before seeding: the run's random stream stays the same
-        reference = ReferencePolicy(_policy_model(ref, doc_ref, params, dev), cfg)
-
-    random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
-    model = _policy_model(ref, doc_ref, params, dev)
-    model.eval()  # the probe must not consume RNG (dropout): resumed runs replay the RNG exactly
-    unused = distributed.freeze_unused(
-        model, lambda m: encode(m, ["probe"], task="query", max_length=8, amp=cfg.amp).sum())
-    if unused:
-        log.info("not training %d parameters the embeddings do not use: %s", len(unused), ", ".join(unused[:4]))
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=learning_rate, weight_decay=cfg.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: min(1.0, (step + 1) / cfg.warmup_steps) if cfg.warmup_steps else 1.0)
-
-    state = checkpoints.load_state(state_dir)
-    if state is not None and state.fingerprint != fingerprint:
-        log.warning("%s: settings changed since this state was saved; starting over", state_dir)
-        state = None
-    if state is not None:
-        saved = load_encoder(str(state_dir / "model"), params.models, device=str(dev))
-        model.load_state_dict(saved.state_dict())
-        optimizer.load_state_dict(state.optimizer)
-        scheduler.load_state_dict(state.scheduler)
-        checkpoints.restore_rng(state)
-        log.info("resuming %s after epoch %d (step %d)", warm_start, state.epoch, state.step)
-    else:
-        state = checkpoints.TrainerState(epoch=0, step=0, fingerprint=fingerprint)
-        if world.is_main:
-            (log_dir / "curve.csv").unlink(missing_ok=True)  # a fresh run starts a fresh curve
-    if world.is_main:
-        # The output (DVC `persist`, so that a killed run resumes) holds only this configuration's work.
-        stale = checkpoints.prune(model_dir, fingerprint, state.epoch)
-        if stale:
-            log.info("%s: removed %s, left by another configuration or an unfinished epoch", model_dir, ", ".join(stale))
-    model.train()
-    forward = distributed.wrap(model, world, dev)
-    no_sync = distributed.no_sync(forward)
-
-    # The frozen document side of a `tower: query` checkpoint: the warm start, loaded once when first saved.
-    document_model = functools.cache(
-        lambda: load_encoder(doc_ref, params.models, device=str(dev), max_seq_length=cfg.max_doc_length))
-
-    def write_checkpoint(folder: Path, epoch: int, **extra) -> None:
-        """The model as a sentence-transformers checkpoint (``tower: query``: with the frozen document side)."""
-        meta = {"warm_start": warm_start, "warm_start_model": ref.key, "objective": objective, "tower": cfg.tower, "epoch": epoch,
-                "similarity": cfg.similarity, "fingerprint": fingerprint, **extra,
-                "document_encoder": doc_ref.key if cfg.tower == "query" else None}
-        doc_model = None
-        if cfg.tower == "query":
-            doc_model = document_model()
-            model[0].max_seq_length = cfg.max_query_length
-        checkpoints.save_model(model, folder, meta, document_model=doc_model)
-        if cfg.tower == "query":
-            model[0].max_seq_length = cfg.max_doc_length
-
-    def save(epoch: int) -> None:
-        if world.is_main and (epoch in cfg.keep_epochs or epoch == cfg.epochs):
-            write_checkpoint(paths.checkpoint(warm_start, epoch, objective), epoch)
-
-    def keep_selected(epoch: int) -> None:
-        """Under a selection rule, the epoch just validated becomes ``selected/`` when the rule picks it."""
-        if not world.is_main or cfg.selection.rule == "last":
-            return
-        if selection.select_epoch(state.history, cfg.validation_sets, cfg.selection) == epoch:
-            write_checkpoint(paths.selected_checkpoint(warm_start, objective), epoch, selected_by=cfg.selection.rule)
-
-    run_params = {"train": params.train.model_dump(mode="json"), "data.train": params.data.train, "warm_start": ref.key,
-                  "objective": objective, "learning_rate": learning_rate,
-                  **({"document_encoder": doc_ref.key} if cfg.tower == "query" else {})}
+    run = setup(params, paths, warm_start, objective, device, progress=progress)
+    resume(run)
+    cfg, state = run.cfg, run.state
+    run_params = {"train": params.train.model_dump(mode="json"), "data.train": params.data.train, "warm_start": run.ref.key,
+                  "objective": objective, "learning_rate": cfg.learning_rate_for(objective),
+                  **({"document_encoder": run.doc_ref.key} if cfg.tower == "query" else {})}
     # A resumed run links the run that saved the state it continues (killed runs are marked KILLED).
     resumed = {"pgrank.resumed_from": state.mlflow_run_id} if state.epoch and state.mlflow_run_id else {}
     run_name = f"train-{warm_start}" + ("" if objective == "pg" else f"-{objective}")
     with tracking.stage_run(params, paths, run_name, log_params=run_params,
                             tags={"stage": "train", "warm_start": warm_start, "objective": objective, **resumed},
-                            enabled=world.is_main and params.tracking.enabled, resources=True) as run:
-        def validated() -> dict[str, float]:
-            """In-domain (``val_<metric>``) and out-of-domain (``val_<set>_<metric>``) validation metrics."""
-            row = {f"val_{k}": v for k, v in
-                   validate(model, val_examples, val_qrels, params, frozen=frozen, corpus=corpus, world=world).items()}
-            for vs in ood:
-                metrics = validate(model, vs.examples, vs.qrels, params, frozen=vs.frozen, corpus=vs.corpus, world=world)
-                row.update({selection.set_key(vs.name, k): v for k, v in metrics.items()})
-            return row
-
+                            enabled=run.world.is_main and params.tracking.enabled, resources=True) as tracker:
         if state.epoch == 0 and not state.history:
-            metrics = validated()
+            metrics = validated(run)
             state.history.append({"epoch": 0, **metrics})
-            tracking.log_metrics(run, metrics, step=0)
-            save(0)
-            keep_selected(0)
-        curve: list[dict] = []
+            tracking.log_metrics(tracker, metrics, step=0)
+            keep_epoch(run, 0)
         for epoch in range(state.epoch + 1, cfg.epochs + 1):
             if selection.should_stop(state.history, cfg.validation_sets, cfg.selection):
                 log.info("early stopping before epoch %d: epoch %d is still the selected one (patience %d)", epoch,
                          selection.select_epoch(state.history, cfg.validation_sets, cfg.selection), cfg.selection.patience)
                 break
-            order = epoch_order(len(train_examples), cfg.seed, epoch, cfg.queries_per_epoch)
-            batches = [order[i : i + cfg.batch_size] for i in range(0, len(order), cfg.batch_size)]
-            bar = tqdm(batches, desc=f"epoch {epoch}/{cfg.epochs}", disable=not (progress and world.is_main), unit="batch")
-            sums = {"loss": 0.0, "utility": 0.0}
-            epoch_started = time.perf_counter()
-            for batch_ids in bar:
-                started = time.perf_counter()
-                local = train_examples.examples(distributed.shard(batch_ids, world))
-                stats = accumulate_gradients(model, make_batch(local, dev), params, epoch=epoch, frozen=frozen,
-                                             corpus=corpus, forward=forward, no_sync=no_sync, reference=reference,
-                                             objective=objective)
-                norm = torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip or math.inf)
-                if not torch.isfinite(norm):
-                    raise TrainingError(
-                        f"epoch {epoch}, step {state.step + 1}: the gradient norm is {norm.item()}; stopped before "
-                        f"updating. The last good checkpoint and resumable state are in {model_dir}. Lower "
-                        "train.learning_rate or raise train.pg.temperature.")
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
-                state.step += 1
-                loss = distributed.all_mean(stats.loss, world, dev)
-                utility = distributed.all_mean(stats.utility, world, dev)
-                point = {"step": state.step, "epoch": epoch, "loss": loss, "utility": utility,
-                         "grad_norm": norm.item(), "entropy": stats.entropy}
-                curve.append(point)
-                logged = {k: point[k] for k in ("loss", "utility", "grad_norm", "entropy")}
-                if reference is not None:
-                    logged["kl"] = distributed.all_mean(stats.kl, world, dev)
-                tracking.log_metrics(run, logged, step=state.step)
-                sums["loss"] += loss
-                sums["utility"] += utility
-                rate = len(batch_ids) / max(time.perf_counter() - started, 1e-9)
-                bar.set_postfix(loss=f"{loss:.4f}", utility=f"{utility:.4f}", q_s=f"{rate:.1f}",
-                                rankings_s=f"{rate * cfg.pg.num_samples:.0f}")
-            seconds = time.perf_counter() - epoch_started  # the updates alone: validation is the same for every loss
-            row = {"epoch": epoch, "train_loss": sums["loss"] / len(batches), "train_utility": sums["utility"] / len(batches),
-                   **validated()}
-            state.history.append(row)
-            tracking.log_metrics(run, {**{k: v for k, v in row.items() if k != "epoch"}, "epoch_seconds": seconds},
-                                 step=state.step)
-            if world.is_main:
-                log.info("epoch %d: %s", epoch, ", ".join(f"{k}={v:.4f}" for k, v in row.items() if k != "epoch"))
-                save(epoch)
-                keep_selected(epoch)
-                state.epoch = epoch
-                state.optimizer, state.scheduler = optimizer.state_dict(), scheduler.state_dict()
-                checkpoints.capture_rng(state)
-                state.mlflow_run_id = run.info.run_id if run is not None else None
-                state.curve += curve  # the state holds the whole curve: DVC deletes curve.csv before a rerun
-                curve = []
-                _write_curve(log_dir / "curve.csv", state.curve)
-                _record_time(timings, epoch, seconds, world.size, dev)
-                checkpoints.save_state(state_dir, model, state)
-            distributed.barrier(world)
-
-        final = paths.checkpoint(warm_start, cfg.epochs, objective)
-        if cfg.selection.rule != "last":
-            final = paths.selected_checkpoint(warm_start, objective)
-            chosen = selection.summary(state.history, cfg.validation_sets, cfg.selection)
-            log.info("selected epoch %s by rule %s: %s", chosen["epoch"], cfg.selection.rule,
-                     ", ".join(f"{k}={v:+.4f}" if k.endswith("gain") else f"{k}={v}" for k, v in chosen.items()))
-            tracking.log_metrics(run, {f"selected_{k}": v for k, v in chosen.items() if k != "rule"})
-            if run is not None:
-                import mlflow
-
-                mlflow.set_tags({"pgrank.selection.rule": cfg.selection.rule, "pgrank.selection.epoch": chosen["epoch"]})
-        version = None
-        if world.is_main:
-            _write_curve(log_dir / "curve.csv", state.curve)  # also when resumed at the end
-            write_json(log_dir / "history.json", state.history)
-            if run is not None:
-                tracking.log_artifact(run, str(log_dir / "history.json"))
-                from sentence_transformers import SentenceTransformer
-
-                version = tracking.log_model(run, SentenceTransformer(str(final), device="cpu"),
-                                             registered_name=params.tracking.registered_model)
-            checkpoints.remove(state_dir)
-    distributed.teardown(world)
-    return TrainResult(model_dir, final, state.history, version)
+            means, seconds, curve = train_epoch(run, epoch, tracker, progress=progress)
+            end_epoch(run, epoch, means, seconds, curve, tracker)
+        result = finish(run, tracker)
+    distributed.teardown(run.world)
+    return result
 
 
 def _record_time(path: Path, epoch: int, seconds: float, processes: int, device) -> None:

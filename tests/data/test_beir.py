@@ -1,4 +1,7 @@
-"""Loading BEIR folders (equal to ``GenericDataLoader``), errors naming file and line, the carve-out."""
+"""Loading BEIR folders (equal to ``GenericDataLoader``), errors naming file and line, split names, writing qrels.
+
+The carve-out that writes ``train-pg`` and ``validation`` is tested in tests/download/test_carve_out.py.
+"""
 
 from __future__ import annotations
 
@@ -9,31 +12,23 @@ from pathlib import Path
 
 import pytest
 from beir.datasets.data_loader import GenericDataLoader
+from tiny_beir import CORPUS, QUERIES, TEST, data_config, write_tiny
 
-from pgrank.config import parse_params
 from pgrank.data.beir import (
     load_corpus,
     load_qrels,
     load_split,
     load_topics,
     qrels_path,
+    write_qrels,
 )
-from pgrank.data.carve_out import carve_validation, write_carve_out, write_qrels
 from pgrank.data.checksums import corpus_sha256
-from pgrank.data.download import fetch_dataset, read_sha256sums, resolve_source
+from pgrank.download.beir_datasets import fetch_dataset, read_sha256sums
+from pgrank.download.mirror import resolve_source
 from pgrank.errors import DataError
 from pgrank.paths import CARVED_TRAIN, VALIDATION, Paths
 
 SCIFACT_CORPUS_SHA256 = "dec31c8182f3d744c7d2c09423756fd1d17cbef75808db13ba01cc0aab4d1ac6"  # shared README
-
-
-def data_config(train: str = "tiny/train", size: int = 2, seed: int = 13):
-    return parse_params({
-        "paths": {"root": "runs", "data": "data", "embeddings": "emb"},
-        "data": {"train": train, "validation_size": size, "validation_seed": seed, "eval_sets": ["tiny/test"]},
-        "train": {"warm_starts": ["sbert"]},
-        "evaluate": {"systems": {"bm25": ["bm25"], "dense": ["sbert"]}},
-    })
 
 
 def beir(folder: Path, split: str):
@@ -49,29 +44,6 @@ def real(tmp_path_factory, beir_mirror) -> Paths:
     for name in ("scifact", "nfcorpus"):
         fetch_dataset(name, paths.dataset(name), source, read_sha256sums(source), progress=False)
     return paths
-
-
-# A small BEIR folder written by hand: CRLF qrels, graded scores, queries of several splits.
-CORPUS = [
-    '{"_id": "d1", "title": "Aspirin", "text": "Aspirin reduces fever."}',
-    '{"_id": "d2", "title": "", "text": "Caf\\u00e9 culture."}',
-    '{"_id": "d3", "title": "Sleep", "text": "Sleep improves memory.", "metadata": {"year": 2020}}',
-    '{"_id": "d4", "title": "Tea", "text": "Green tea."}',
-]
-QUERIES = [f'{{"_id": "q{i}", "text": "query {i}"}}' for i in range(1, 8)]
-TEST = [("q1", "d1", 2), ("q1", "d3", 1), ("q2", "d3", 0), ("q3", "d2", 1)]
-TRAIN = [("q4", "d1", 1), ("q5", "d2", 1), ("q6", "d3", 1), ("q6", "d4", 1), ("q7", "d4", 1), ("q3", "d4", 1)]
-
-
-def write_tiny(paths: Paths, corpus=CORPUS, queries=QUERIES, test=TEST, train=TRAIN) -> Path:
-    folder = paths.dataset("tiny")
-    (folder / "qrels").mkdir(parents=True)
-    (folder / "corpus.jsonl").write_text("".join(line + "\n" for line in corpus), encoding="utf-8")
-    (folder / "queries.jsonl").write_text("".join(line + "\n" for line in queries), encoding="utf-8")
-    for split, rows in (("test", test), ("train", train)):
-        text = "query-id\tcorpus-id\tscore\r\n" + "".join("\t".join(map(str, row)) + "\r\n" for row in rows)
-        (folder / "qrels" / f"{split}.tsv").write_bytes(text.encode())
-    return folder
 
 
 @pytest.fixture
@@ -203,53 +175,13 @@ def test_missing_dataset_or_split_is_explained(paths):
         qrels_path(paths, "tiny", "../x")
 
 
-# --------------------------------------------------------------------------------------- carve-out
+# --------------------------------------------------------------------------------------- split names, writing qrels
 
 
 def test_split_naming_rule(paths):
     assert qrels_path(paths, "msmarco", "train") == paths.dataset("msmarco") / "qrels" / "train.tsv"
     assert qrels_path(paths, "msmarco", CARVED_TRAIN) == paths.carved_qrels("msmarco", "train")
     assert qrels_path(paths, "msmarco", VALIDATION) == paths.carved_qrels("msmarco", "validation")
-
-
-def test_carve_validation_is_seeded_disjoint_complete_and_pure():
-    qrels = {f"q{i}": {f"d{i}": 1} for i in range(50)}
-    original = {q: dict(d) for q, d in qrels.items()}
-    train, validation = carve_validation(qrels, 10, seed=13)
-    assert qrels == original
-    assert len(validation) == 10 and set(train).isdisjoint(validation) and {**train, **validation} == qrels
-    assert list(train) == [q for q in qrels if q in train]  # input order kept
-    assert carve_validation(dict(reversed(list(qrels.items()))), 10, seed=13)[1].keys() == validation.keys()
-    assert carve_validation(qrels, 10, seed=14)[1].keys() != validation.keys()
-    with pytest.raises(DataError, match="must be smaller than the 50"):
-        carve_validation(qrels, 50, seed=13)
-
-
-def test_write_carve_out_writes_beir_qrels_read_back_as_train_pg_and_validation(paths):
-    write_tiny(paths)
-    params = data_config(size=2)
-    carve = write_carve_out(paths, params.data)
-    assert (carve.train_queries, carve.validation_queries) == (3, 2)
-    first = carve.validation_path.read_bytes()
-    assert first.startswith(b"query-id\tcorpus-id\tscore\r\n")
-    train = load_split(paths, "tiny", CARVED_TRAIN, progress=False)
-    validation = load_split(paths, "tiny", VALIDATION, progress=False)
-    beir_train = load_qrels(paths.dataset("tiny") / "qrels" / "train.tsv")
-    assert set(train.qrels).isdisjoint(validation.qrels) and {**train.qrels, **validation.qrels} == beir_train
-    assert set(validation.queries) == set(validation.qrels)
-    # BEIR reads the carved files too
-    assert GenericDataLoader(data_folder=str(paths.dataset("tiny")), qrels_file=str(carve.validation_path)) \
-        .load_custom()[2] == validation.qrels
-    write_carve_out(paths, params.data)
-    assert carve.validation_path.read_bytes() == first  # deterministic
-    assert not list(carve.validation_path.parent.glob(".*"))  # no temporaries left
-
-
-def test_carve_out_larger_than_the_split_is_a_clear_error(paths):
-    write_tiny(paths)
-    with pytest.raises(DataError, match=r"data\.validation_size=5 must be smaller than the 5 queries of tiny/train"):
-        write_carve_out(paths, data_config(size=5).data)
-    assert not paths.root.exists()
 
 
 def test_write_qrels_round_trips(tmp_path):

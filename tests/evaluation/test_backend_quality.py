@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pgrank.config import load_params
-from pgrank.data.download import download
+from pgrank.download.stage import download
 from pgrank.evaluation.backend_quality import BOUNDS, compare_backends
 from pgrank.paths import Paths
 

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def beir_project(tmp_path_factory, beir_mirror, minilm_path):
     """scifact and nfcorpus downloaded from the mirror into a fresh project."""
-    from pgrank.data.download import download
+    from pgrank.download.stage import download
 
     tmp = tmp_path_factory.mktemp("beir")
     doc = yaml.safe_load((ROOT / "params.yaml").read_text())

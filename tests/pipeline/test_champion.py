@@ -228,6 +228,27 @@ def test_versions_are_gated_side_by_side_on_a_frozen_gate_set_and_continual_trai
     assert decision.row("ndcg@10").champion == pytest.approx(np.mean([v["ndcg@10"] for v in first_values.values()]))
 
 
+def test_the_gate_of_a_workspace_promotes_the_first_version_then_keeps_it_when_nothing_was_retrained(trained):
+    """gate_workspace, as scheduled retraining runs it: with no champion yet, the version training registered
+    (before any gated run) is the challenger and is promoted; a run that registered nothing keeps it."""
+    import yaml
+
+    from pgrank.pipeline.retraining import gate_workspace
+
+    params, paths, client, first = trained
+    ws = paths.root
+    (ws / "params.yaml").write_text(yaml.safe_dump(params.model_dump(mode="json")))
+    decision = gate_workspace(ws, None)
+    assert decision.promoted and decision.challenger == first.registered_version and decision.champion is None
+    assert champion(client, params.tracking.registered_model, params.tracking.champion_alias) == first.registered_version
+    assert client.get_registered_model(params.tracking.registered_model).tags["pgrank.gate_set"]  # frozen on the way
+    with mlflow.start_run() as parent:  # a later pipeline run that registered no version
+        pass
+    again = gate_workspace(ws, parent.info.run_id)
+    assert not again.promoted and again.reason.startswith("nothing was retrained")
+    assert again.champion == first.registered_version
+
+
 def v1_query(folder: Path, texts: list[str]) -> np.ndarray:
     from sentence_transformers import SentenceTransformer
 

@@ -37,7 +37,7 @@ def _model(folder, params, *, train_mode=False):
 
 
 def _frozen(params, paths, folder, corpus):
-    from pgrank.training.validation import frozen_documents
+    from pgrank.training.batches import frozen_documents
 
     return frozen_documents(params, paths, resolve_model(str(folder), params.models), corpus)
 

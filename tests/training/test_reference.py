@@ -7,10 +7,10 @@ from toy_project import make_project
 
 from pgrank.core.policy import top1_kl
 from pgrank.models.hub import load_encoder
-from pgrank.training.batches import TrainingSet, make_batch
-from pgrank.training.trainer import _policy_model, accumulate_gradients, train
-from pgrank.training.validation import frozen_documents
+from pgrank.training.batches import TrainingSet, frozen_documents, make_batch
 from pgrank.training.reference import ReferencePolicy
+from pgrank.training.trainer import accumulate_gradients, train
+from pgrank.training.warm_start import policy_model
 
 
 def _setup(tmp_path, tiny_model_dir, tower, **overrides):
@@ -29,10 +29,10 @@ def _setup(tmp_path, tiny_model_dir, tower, **overrides):
 @pytest.mark.parametrize("tower", ["query", "both"])
 def test_at_the_warm_start_the_reference_scores_are_the_policys_and_the_kl_is_zero(tmp_path, tiny_model_dir, tower):
     params, _, ref, corpus, frozen, batch = _setup(tmp_path, tiny_model_dir, tower, **{"train.pg.kl_coef": 1.0})
-    reference = ReferencePolicy(_policy_model(ref, ref, params, "cpu"), params.train)
+    reference = ReferencePolicy(policy_model(ref, ref, params, "cpu"), params.train)
     ref_scores = reference.scores(batch, frozen=frozen, corpus=corpus)
     assert not ref_scores.requires_grad and not any(p.requires_grad for p in reference.model.parameters())
-    model = _policy_model(ref, ref, params, "cpu").eval()  # dropout off: the same function as the reference
+    model = policy_model(ref, ref, params, "cpu").eval()  # dropout off: the same function as the reference
     stats = accumulate_gradients(model, batch, params, epoch=1, frozen=frozen, corpus=corpus, reference=reference)
     assert stats.kl == pytest.approx(0.0, abs=1e-6)
     assert any(p.grad is not None for p in model.parameters())
@@ -50,7 +50,7 @@ def test_a_strong_kl_keeps_the_policy_near_the_warm_start(tmp_path, tiny_model_d
             tmp_path / str(coef), tiny_model_dir, "query",
             **{"train.pg.kl_coef": coef, "train.learning_rate": 5e-4, "train.epochs": 4, "train.pg.temperature": 1.0})
         result = train(params, paths, str(tiny_model_dir), device="cpu", progress=False)
-        warm = ReferencePolicy(_policy_model(ref, ref, params, "cpu"), params.train)
+        warm = ReferencePolicy(policy_model(ref, ref, params, "cpu"), params.train)
         trained = ReferencePolicy(load_encoder(str(result.final), params.models, device="cpu"), params.train)
         t = params.train.pg.temperature
         logits, ref_logits = (p.scores(batch, frozen=frozen, corpus=corpus) / t for p in (trained, warm))
@@ -61,13 +61,13 @@ def test_a_strong_kl_keeps_the_policy_near_the_warm_start(tmp_path, tiny_model_d
 
 def test_the_kl_term_belongs_to_the_policy_gradient(tmp_path, tiny_model_dir, monkeypatch):
     """With objectives [pg, listnet] and a KL weight, only the pg run loads the reference policy."""
-    from pgrank.training import trainer
+    from pgrank.training import warm_start
 
     params, paths = make_project(tmp_path, tiny_model_dir, overrides={
         "train.objectives": ["pg", "listnet"], "train.pg.kl_coef": 0.1, "train.epochs": 1, "train.keep_epochs": [1]})
     loaded = []
-    real = trainer.ReferencePolicy
-    monkeypatch.setattr(trainer, "ReferencePolicy", lambda model, cfg: loaded.append(cfg) or real(model, cfg))
+    real = warm_start.ReferencePolicy
+    monkeypatch.setattr(warm_start, "ReferencePolicy", lambda model, cfg: loaded.append(cfg) or real(model, cfg))
     train(params, paths, str(tiny_model_dir), objective="listnet", device="cpu", progress=False)
     assert loaded == []
     train(params, paths, str(tiny_model_dir), objective="pg", device="cpu", progress=False)

@@ -236,7 +236,7 @@ def _ddp_worker(rank, world, port, model_dir, project_dir, tower, out):
     frozen = None
     if tower == "query":
         from pgrank.models.hub import resolve_model
-        from pgrank.training.validation import frozen_documents
+        from pgrank.training.batches import frozen_documents
 
         frozen = frozen_documents(params, paths, resolve_model(str(model_dir), params.models), corpus)
     local = distributed.shard(examples, w)
@@ -265,7 +265,7 @@ def test_ddp_average_gradient_equals_single_process(tmp_path, tiny_model_dir, to
     frozen = None
     if tower == "query":
         from pgrank.models.hub import resolve_model
-        from pgrank.training.validation import frozen_documents
+        from pgrank.training.batches import frozen_documents
 
         frozen = frozen_documents(params, paths, resolve_model(str(tiny_model_dir), params.models), corpus)
     accumulate_gradients(model, make_batch(examples), params, epoch=1, frozen=frozen, corpus=corpus)
@@ -281,7 +281,8 @@ def test_ddp_average_gradient_equals_single_process(tmp_path, tiny_model_dir, to
 def _validation(params, paths, model_dir, world):
     from pgrank.data.beir import load_topics
     from pgrank.data.corpus_store import open_corpus
-    from pgrank.training.validation import qrels_by_row, training_set, validate
+    from pgrank.training.batches import training_set
+    from pgrank.training.validation_ndcg import qrels_by_row, validate
 
     corpus = open_corpus(paths, "toy")
     examples = training_set(paths, "toy", "validation", corpus)
@@ -293,7 +294,7 @@ def _validation_worker(rank, world, port, model_dir, project_dir, out):
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     from pgrank.training import distributed
 
-    import pgrank.training.validation as trainer
+    import pgrank.training.validation_ndcg as trainer
 
     w, _ = distributed.setup("cpu", timeout_minutes=5)
     params, paths = make_project(Path(project_dir) / f"rank{rank}", Path(model_dir), overrides={"train.tower": "both"})
@@ -362,11 +363,12 @@ def test_short_real_run_on_a_scifact_slice_raises_training_utility(tmp_path, bei
     from shrunk import sliced_scifact_mirror
 
     from pgrank.config import parse_params
-    from pgrank.data.download import download
+    from pgrank.download.stage import download
     from pgrank.mining.candidate_sets import mine
     from pgrank.models.hub import resolve_model
     from pgrank.paths import Paths
-    from pgrank.training.validation import frozen_documents, qrels_by_row, training_set, validate
+    from pgrank.training.batches import frozen_documents, training_set
+    from pgrank.training.validation_ndcg import qrels_by_row, validate
 
     mirror = sliced_scifact_mirror(beir_mirror / "scifact.zip", tmp_path / "mirror", train=60, test=5, extra=100)
     root = Path(__file__).resolve().parents[2]

@@ -23,7 +23,7 @@ import numpy as np
 
 from pgrank.config import Params
 from pgrank.errors import PgrankError
-from pgrank.paths import Paths, parse_policy
+from pgrank.paths import Paths, parse_policy_name
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ def policy_system(params: Params, paths: Paths, name: str) -> DenseSystem:
     """``pgrank-<warm>[+objective]`` (the last epoch, or the one ``train.selection`` chose) or ``...@<epoch>``."""
     from pgrank.models.hub import document_encoder_of, read_checkpoint_meta
 
-    policy = parse_policy(name)
+    policy = parse_policy_name(name)
     warm, objective = policy.warm, policy.objective
     epoch = params.train.epochs if policy.epoch is None else policy.epoch
     folder = paths.checkpoint(warm, epoch, objective)
@@ -182,7 +182,7 @@ def for_evaluation(params: Params, paths: Paths, name: str, dataset: str, *,
                    candidates: np.ndarray | None = None) -> DenseRetriever:
     """A comparison system of ``evaluate.systems.dense`` or a trained policy (see the module docstring);
     ``candidates``: the corpus rows a rerank-only evaluation scores (see :class:`DenseRetriever`)."""
-    system = policy_system(params, paths, name) if parse_policy(name) else comparison_system(params, name)
+    system = policy_system(params, paths, name) if parse_policy_name(name) else comparison_system(params, name)
     cfg = params.evaluate
     return DenseRetriever(params, paths, system, dataset, max_seq_length=cfg.max_seq_length, batch_size=cfg.batch_size,
                           candidates=candidates)

@@ -3,7 +3,7 @@ like a BEIR download, fingerprinted so that only changed content counts.
 
 Everything runs on small BEIR folders written here and a real HTTP server on 127.0.0.1; the DVC
 behaviour (which stages re-run when the data changes) is tested end to end in
-``tests/pipeline/test_sources_dvc.py``.
+``tests/download/test_sources_dvc.py``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import pytest
 from pgrank.config import parse_params
 from pgrank.data.beir import load_split
 from pgrank.data.checksums import DOWNLOAD_RECORD, corpus_sha256
-from pgrank.data.download import download
+from pgrank.download.stage import download
 from pgrank.errors import ConfigError, DataError
 from pgrank.paths import Paths
 
@@ -122,7 +122,7 @@ def test_unchanged_content_is_not_read_again_and_a_new_judgment_changes_the_mani
     first = manifest(paths)
     manifest_bytes = paths.dataset_manifest("acme").read_bytes()
 
-    import pgrank.data.sources as sources
+    import pgrank.download.sources as sources
 
     validated, real = [], sources.validate_folder
 

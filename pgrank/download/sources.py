@@ -16,17 +16,17 @@ Every stage reads a dataset from ``Paths.dataset(name)``. For a source that is:
   your folder, plus pgrank's record. Nothing is copied and nothing is written into your folder (it may
   be DVC-tracked or read-only). A relative ``path`` is relative to the params file.
 * a **zip** (``url`` or a ``path`` ending in ``.zip``): the extracted folder, installed atomically as a
-  BEIR download is (:mod:`pgrank.data.archive`: zip-slip and symlink members refused). ``sha256`` pins
+  BEIR download is (:mod:`pgrank.download.archive`: zip-slip and symlink members refused). ``sha256`` pins
   the zip. A URL is re-checked on each run with its HTTP validators (ETag, Last-Modified, length) and
   fetched again only when they changed (or when the server sends none); a local zip is re-extracted
   when its SHA-256 changes.
 
-Validation is a BEIR download's (:func:`pgrank.data.validation.validate_folder`: bad lines named by file
+Validation is a BEIR download's (:func:`pgrank.download.dataset_checks.validate_folder`: bad lines named by file
 and line, duplicate ids, judged queries without text), plus judgments whose document is not in the
 corpus, which are errors here (``missing_documents: warn`` keeps them, as BEIR does). It runs when the
 content changed: the record keeps the fingerprint that was last validated.
 
-Change detection is the manifests' (:mod:`pgrank.data.manifests`): ``dvc.yaml``'s ``download`` stage is
+Change detection is the manifests' (:mod:`pgrank.download.manifests`): ``dvc.yaml``'s ``download`` stage is
 ``always_changed``, so each ``dvc repro`` re-fingerprints every dataset (SHA-256 per file, cached by size
 and modification time, so unchanged files are not read) and writes identical manifest bytes when
 nothing changed; DVC then re-runs nothing downstream. A new qrels line or a new document changes the
@@ -45,10 +45,12 @@ from pathlib import Path
 
 from pgrank.atomic import atomic_path, write_json
 from pgrank.config import SourceConfig
-from pgrank.data.archive import beir_folders, extract
 from pgrank.data.checksums import DOWNLOAD_RECORD, file_sha256
-from pgrank.data.manifests import fingerprint
-from pgrank.data.validation import validate_folder
+from pgrank.download.archive import beir_folders, extract
+from pgrank.download.dataset_checks import validate_folder
+from pgrank.download.manifests import fingerprint
+from pgrank.download.mirror import Source
+from pgrank.download.transfer import TIMEOUT_S, transfer
 from pgrank.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -56,7 +58,6 @@ log = logging.getLogger(__name__)
 # The files of a BEIR folder that a folder source links to (qrels/ as a whole: new splits appear by themselves).
 LINKED = ("corpus.jsonl", "queries.jsonl", "qrels")
 _VALIDATORS = ("etag", "last-modified", "content-length")
-_TIMEOUT_S = 60
 
 
 def _read_record(target: Path) -> dict | None:
@@ -182,14 +183,12 @@ def local_zip(name: str, cfg: SourceConfig, target: Path, config_dir: Path) -> s
 def _head(url: str) -> dict[str, str]:
     """The validators of a URL's current content (HEAD request); empty when the server sends none."""
     request = urllib.request.Request(url, method="HEAD", headers={"User-Agent": "pgrank"})
-    with urllib.request.urlopen(request, timeout=_TIMEOUT_S) as resp:
+    with urllib.request.urlopen(request, timeout=TIMEOUT_S) as resp:
         return {k: resp.headers[k] for k in _VALIDATORS if resp.headers.get(k)}
 
 
 def url_zip(name: str, cfg: SourceConfig, target: Path, *, progress: bool = True) -> str:
     """A ``url`` source: fetched and installed when its validators (or pinned sha256) say it changed."""
-    from pgrank.data.download import Source, _transfer  # the BEIR download's resumable, retrying transfer
-
     record = _check_target(name, target)
     origin = (record or {}).get("origin", {})
     same_url = origin.get("url") == cfg.url
@@ -211,7 +210,7 @@ def url_zip(name: str, cfg: SourceConfig, target: Path, *, progress: bool = True
     part.unlink(missing_ok=True)  # the content may have changed since a partial transfer: start afresh
     base, _, filename = cfg.url.rpartition("/")
     try:
-        _transfer(Source(base, mirror=True), filename, part, progress)
+        transfer(Source(base, mirror=True), filename, part, progress)  # resumable, retrying, as BEIR's
         digest = file_sha256(part)
         _check_pin(name, cfg, digest, cfg.url)
         origin_now = {"kind": "url", "url": cfg.url, "sha256": digest, "validators": validators}

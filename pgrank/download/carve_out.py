@@ -11,18 +11,14 @@ only tops them up to ``validation_size``.
 
 from __future__ import annotations
 
-import csv
 import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from pgrank.atomic import atomic_path
 from pgrank.config import DataConfig
-from pgrank.data.beir import Qrels, _check_split, load_qrels
+from pgrank.data.beir import Qrels, load_qrels, split_qrels, write_qrels
 from pgrank.errors import DataError
 from pgrank.paths import CARVED_FILES, CARVED_TRAIN, VALIDATION, Paths
-
-_QRELS_HEADER = ["query-id", "corpus-id", "score"]
 
 
 @dataclass(frozen=True)
@@ -54,15 +50,6 @@ def carve_validation(qrels: Qrels, size: int, seed: int, held_out: frozenset[str
     return train, validation
 
 
-def write_qrels(path: str | Path, qrels: Qrels) -> None:
-    """Write a BEIR qrels TSV atomically: header, then one ``qid<TAB>doc<TAB>score`` row, CRLF like BEIR."""
-    with atomic_path(path) as tmp:
-        with open(tmp, "w", encoding="utf-8", newline="") as fh:
-            writer = csv.writer(fh, delimiter="\t", lineterminator="\r\n")
-            writer.writerow(_QRELS_HEADER)
-            writer.writerows([qid, doc_id, score] for qid, docs in qrels.items() for doc_id, score in docs.items())
-
-
 def write_carve_out(paths: Paths, data: DataConfig) -> CarveOut:
     """Carve ``data.validation_size`` seeded validation queries out of ``data.train``'s qrels.
 
@@ -70,7 +57,7 @@ def write_carve_out(paths: Paths, data: DataConfig) -> CarveOut:
     as the splits ``train-pg`` and ``validation``. Deterministic: rerunning rewrites identical bytes.
     """
     dataset, split = data.train.split("/")
-    path = _check_split(paths, dataset, split)
+    path = split_qrels(paths, dataset, split)
     qrels = load_qrels(path)
     held_out = frozenset()
     if data.holdout:

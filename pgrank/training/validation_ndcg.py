@@ -1,4 +1,4 @@
-"""Validation during training: reranking candidate sets with the model being trained.
+"""Validation nDCG during training: the candidate sets reranked by the model being trained.
 
 The in-domain set is ``data.train``'s carved ``validation`` split; ``train.validation_sets`` adds
 out-of-domain ones (mined by ``mine-train`` into the training sets), each with its own corpus, and, in
@@ -14,10 +14,16 @@ import torch
 
 from pgrank.config import Params
 from pgrank.core.trec_eval import evaluate_run, mean_metrics
-from pgrank.errors import DataError
 from pgrank.paths import Paths
 from pgrank.training import distributed
-from pgrank.training.batches import FrozenDocuments, TrainingSet, candidate_scores, make_batch
+from pgrank.training.batches import (
+    FrozenDocuments,
+    TrainingSet,
+    candidate_scores,
+    frozen_documents,
+    make_batch,
+    training_set,
+)
 from pgrank.training.grad_cache import encode, encode_chunks
 
 
@@ -67,19 +73,6 @@ def qrels_by_row(qrels, corpus) -> dict[str, dict[str, int]]:
     return out
 
 
-def training_set(paths: Paths, dataset: str, split: str, corpus, training: bool = False) -> TrainingSet:
-    """The candidate store of ``dataset/split`` (``training``: a ``train.validation_sets`` set, among the
-    training sets), checked against ``corpus``."""
-    from pgrank.data.candidate_store import open_candidates
-
-    store = open_candidates(paths, dataset, split, training)
-    if store.meta.get("corpus_sha256") != corpus.sha256:
-        raise DataError(f"{store.folder}: mined from another version of the {dataset} corpus; run `pgrank mine --training`")
-    if not len(store):
-        raise DataError(f"{store.folder}: no query of {dataset}/{split} has a candidate set")
-    return TrainingSet(store)
-
-
 @dataclass(frozen=True)
 class ValidationSet:
     """An out-of-domain validation set (``train.validation_sets``): its own corpus, candidates, judgments."""
@@ -92,6 +85,7 @@ class ValidationSet:
 
 
 def out_of_domain_set(params: Params, paths: Paths, name: str, doc_ref) -> ValidationSet:
+    """A ``train.validation_sets`` entry (``dataset/split``) with its corpus, candidates and judgments by row."""
     from pgrank.data.beir import load_topics
     from pgrank.data.corpus_store import open_corpus
 
@@ -100,13 +94,3 @@ def out_of_domain_set(params: Params, paths: Paths, name: str, doc_ref) -> Valid
     examples = training_set(paths, dataset, split, corpus, training=True)
     frozen = frozen_documents(params, paths, doc_ref, corpus) if params.train.tower == "query" else None
     return ValidationSet(name, examples, qrels_by_row(load_topics(paths, dataset, split)[1], corpus), corpus, frozen)
-
-
-def frozen_documents(params: Params, paths: Paths, ref, corpus) -> FrozenDocuments:
-    """The warm start's corpus-embedding artifact (shared with mining when the model and length match)."""
-    from pgrank.retrieval.dense.corpus_embeddings import model_corpus_embeddings
-
-    cfg = params.train
-    return FrozenDocuments(model_corpus_embeddings(
-        ref, params.models, paths, corpus, max_seq_length=cfg.max_doc_length, batch_size=params.mine.batch_size,
-        chunk_size=params.mine.chunk_size))

@@ -23,14 +23,9 @@ import pytest
 from pgrank.config import parse_params
 from pgrank.data.beir import load_split
 from pgrank.data.checksums import DOWNLOAD_RECORD
-from pgrank.data.download import (
-    Source,
-    download,
-    expected_checksum,
-    fetch_dataset,
-    parse_sha256sums,
-    resolve_source,
-)
+from pgrank.download.beir_datasets import expected_checksum, fetch_dataset, parse_sha256sums
+from pgrank.download.mirror import Source, resolve_source
+from pgrank.download.stage import download
 from pgrank.errors import DataError
 from pgrank.paths import Paths
 
@@ -214,7 +209,7 @@ def test_http_connection_cut_midway_resumes_to_a_verified_dataset(paths, http_mi
 
 
 def test_interrupted_run_keeps_part_and_the_next_run_resumes(paths, http_mirror, monkeypatch):
-    monkeypatch.setattr("pgrank.data.download.time.sleep", lambda seconds: None)  # no back-off in tests
+    monkeypatch.setattr("pgrank.download.transfer.time.sleep", lambda seconds: None)  # no back-off in tests
     server, url = http_mirror
     source = resolve_source(url)
     sums = parse_sha256sums((server.root / "SHA256SUMS").read_text(), "SHA256SUMS")
@@ -422,7 +417,7 @@ def test_cli_downloads_the_params_datasets_and_carves_validation(tmp_path):
 
 
 def test_relative_mirrors_mean_what_the_user_typed(tmp_path, monkeypatch):
-    from pgrank.data.download import MIRROR_ENV, absolute_mirror_env
+    from pgrank.download.mirror import MIRROR_ENV, absolute_mirror_env
 
     (tmp_path / "conf" / "mirror").mkdir(parents=True)
     (tmp_path / "here" / "mirror").mkdir(parents=True)

@@ -1,0 +1,82 @@
+"""``pgrank download``: the stage that makes every dataset of the configuration readable, and records it.
+
+For each dataset it names (:func:`default_datasets`): a BEIR dataset is fetched, verified, extracted and
+validated (:mod:`pgrank.download.beir_datasets`); a dataset of your own under ``data.sources`` is read in
+place or fetched from its own zip, validated the same way (:mod:`pgrank.download.sources`). Then each
+dataset's content manifest is written (:mod:`pgrank.download.manifests`: what DVC tracks of the shared
+datasets), and, when ``data.train``'s dataset is among them, the seeded validation carve-out
+(:mod:`pgrank.download.carve_out`).
+
+Example:
+    >>> report = download(params, paths, ["scifact"], mirror="../shared/data/beir")
+    >>> report.datasets[0].status
+    'downloaded'
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from pgrank import tracking
+from pgrank.config import Params
+from pgrank.download.beir_datasets import Fetched, fetch_dataset, read_sha256sums
+from pgrank.download.carve_out import CarveOut, write_carve_out
+from pgrank.download.manifests import write_manifest, write_validation_sets_manifest
+from pgrank.download.mirror import resolve_source
+from pgrank.download.sources import install_source
+from pgrank.paths import Paths
+
+
+@dataclass(frozen=True)
+class DownloadReport:
+    datasets: list[Fetched]
+    carve_out: CarveOut | None
+
+
+def default_datasets(params: Params) -> list[str]:
+    """Every dataset named in ``data.train``, ``train.validation_sets`` and ``data.eval_sets``, in that
+    order, once each."""
+    names = [params.data.train.split("/")[0]] + [s.split("/")[0] for s in params.train.validation_sets] \
+        + [s.split("/")[0] for s in params.data.eval_sets]
+    return list(dict.fromkeys(names))
+
+
+def download(
+    params: Params, paths: Paths, datasets: list[str] | None = None, mirror: str | None = None,
+    *, config_dir: str | Path | None = None, progress: bool = True,
+) -> DownloadReport:
+    """The ``pgrank download`` stage: fetch ``datasets`` and write the validation carve-out.
+
+    Args:
+        params: the parsed ``params.yaml`` (reads ``data.*``).
+        paths: artifact locations (datasets go to ``paths.dataset(name)``).
+        datasets: BEIR names or ``data.sources`` names; default :func:`default_datasets`.
+        mirror: folder or URL replacing BEIR's server; default ``$PGRANK_BEIR_MIRROR``, then ``data.mirror``.
+        config_dir: the params file's folder, against which a relative ``data.mirror`` or source path is resolved.
+        progress: show progress bars.
+
+    Returns:
+        What happened to each dataset, and the carve-out when ``data.train``'s dataset was among them.
+        Each dataset's manifest (:mod:`pgrank.download.manifests`) is written, the DVC-tracked output.
+    """
+    names = list(dict.fromkeys(datasets)) if datasets else default_datasets(params)
+    if params.data.train.split("/")[0] in names:  # its carve-out records the out-of-domain validation sets too
+        names = list(dict.fromkeys(names + [s.split("/")[0] for s in params.train.validation_sets]))
+    own = params.data.sources  # datasets of your own (pgrank.download.sources): read in place, or fetched from their URL
+    with tracking.stage_run(params, paths, "download", tags={"stage": "download"}, log_params={"datasets": names},
+                            enabled=params.tracking.enabled, resources=True):
+        source = resolve_source(mirror, params.data.mirror, config_dir=config_dir) if set(names) - set(own) else None
+        sums = read_sha256sums(source) if source is not None else None
+        fetched = [Fetched(name, paths.dataset(name), install_source(name, own[name], paths.dataset(name),
+                                                                     paths.fingerprint_cache(name), config_dir or Path.cwd(),
+                                                                     progress=progress))
+                   if name in own else fetch_dataset(name, paths.dataset(name), source, sums, progress=progress)
+                   for name in names]
+        for name in names:
+            write_manifest(paths, name)
+        carve = None
+        if params.data.train.split("/")[0] in names:
+            carve = write_carve_out(paths, params.data)
+            write_validation_sets_manifest(paths, carve.dataset, params.train.validation_sets)
+    return DownloadReport(fetched, carve)

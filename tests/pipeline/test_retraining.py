@@ -1,0 +1,50 @@
+"""Scheduled retraining's rules without Prefect: the overrides a run adds, the challengers, the gate's answer
+when there is no registry. The gate on a real registry is tested in tests/pipeline/test_champion.py and,
+through the Prefect flow, in tests/flows/test_server.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pgrank.errors import PgrankError
+from pgrank.pipeline.champion import best_challenger
+from pgrank.pipeline.retraining import gate_workspace, retraining_overrides
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def untracked(tmp_path) -> Path:
+    """The paper's params with tracking off (no model registry), in a folder of their own."""
+    doc = yaml.safe_load((ROOT / "params.yaml").read_text())
+    doc["tracking"]["enabled"] = False
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(doc))
+    return tmp_path
+
+
+def test_without_a_registry_retraining_adds_nothing_and_cannot_start_from_the_champion(untracked):
+    params_file = untracked / "params.yaml"
+    found = retraining_overrides(params_file, None, [], "warm_start")
+    assert (found.extra, found.notes) == ([], [])
+    with pytest.raises(PgrankError, match="start_from='champion' needs the model registry"):
+        retraining_overrides(params_file, None, [], "champion")
+    with pytest.raises(PgrankError, match=r"start_from='newest': expected one of warm_start, champion"):
+        retraining_overrides(params_file, None, [], "newest")
+
+
+def test_without_a_registry_the_gate_keeps_everything_as_it_is(untracked):
+    decision = gate_workspace(untracked, None)
+    assert not decision.promoted and decision.challenger is None
+    assert decision.reason == "tracking.enabled is false: there is no model registry to gate in"
+
+
+def test_the_best_challenger_has_the_highest_mean_and_a_tie_goes_to_the_newer_version():
+    values = {"3": {"q1": {"ndcg@10": 0.4}, "q2": {"ndcg@10": 0.6}},
+              "4": {"q1": {"ndcg@10": 0.7}, "q2": {"ndcg@10": 0.2}},
+              "10": {"q1": {"ndcg@10": 0.1}, "q2": {"ndcg@10": 0.2}}}
+    assert best_challenger(values, "ndcg@10") == "3"  # means 0.5, 0.45, 0.15
+    assert best_challenger({**values, "10": values["3"]}, "ndcg@10") == "10"  # versions compare as numbers
