@@ -25,7 +25,7 @@ from pgrank.data.beir import document_text, load_corpus, load_topics
 from pgrank.data.runs import id_ranks, top_k
 from pgrank.download.beir_datasets import fetch_dataset, read_sha256sums
 from pgrank.download.mirror import resolve_source
-from pgrank.models.hub import load_encoder
+from pgrank.models.loading import load_encoder
 from pgrank.paths import Paths
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"

@@ -141,7 +141,7 @@ def pool_rates(folder: Path, device: str, batch: int, texts_n: int = 8192) -> li
 
 def training_rates(folder: Path, device: str, seconds: float, params) -> list[dict]:
     """Forward + backward texts a second of the warm start under ``train.amp``, as cached-gradient chunks run."""
-    from pgrank.models.hub import load_encoder
+    from pgrank.models.loading import load_encoder
     from pgrank.training.grad_cache import encode
 
     cfg = params.train
@@ -174,7 +174,7 @@ def paper_step(folder: Path, device: str, params, queries: int, candidates: int,
     import torch
 
     from pgrank.data.corpus_store import build_corpus_store
-    from pgrank.models.hub import load_encoder
+    from pgrank.models.loading import load_encoder
     from pgrank.training.batches import Example, make_batch
     from pgrank.training.trainer import accumulate_gradients
 

@@ -43,7 +43,8 @@ def unzip(mirror: Path, data: Path, names: list[str]) -> None:
 
 def bench_encoding(args, params, data: Path, work: Path) -> None:
     from pgrank.data.beir import document_text, load_corpus
-    from pgrank.models.hub import load_encoder, resolve_model
+    from pgrank.models.loading import load_encoder
+    from pgrank.models.names import resolve_model
     from pgrank.retrieval.dense.corpus_embeddings import build_corpus_embeddings
 
     corpus = load_corpus(data / "scifact", progress=False)

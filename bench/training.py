@@ -64,7 +64,7 @@ def _params(profile: str, tower: str, chunk: int, doc_len: int):
 
 def _setup(model_name: str, params, n: int, queries: int, tmp: Path):
     """(model, batch, frozen documents, corpus, reference policy) for one synthetic batch."""
-    from pgrank.models.hub import load_encoder
+    from pgrank.models.loading import load_encoder
     from pgrank.retrieval.dense.corpus_embeddings import build_corpus_embeddings
     from pgrank.training.batches import Example, FrozenDocuments, make_batch
     from pgrank.training.reference import ReferencePolicy

@@ -58,7 +58,7 @@ def compare_backends(params: Params, paths: Paths, model: str, eval_sets: Sequen
     from pgrank.data.corpus_store import open_corpus
     from pgrank.evaluation.stage import evaluate
     from pgrank.models.backends import embedding_key, load_inference_encoder
-    from pgrank.models.hub import resolve_model
+    from pgrank.models.names import resolve_model
     from pgrank.retrieval.dense.corpus_embeddings import model_corpus_embeddings
 
     cfg = params.evaluate

@@ -5,7 +5,7 @@ forward; on a CPU, how they run decides most of a cold run's time. Backends (``m
 model ``models.backends``):
 
 ``torch``       sentence-transformers as is, fp32 (the reference); on CUDA with TF32 matrix products
-                (:func:`use_tf32`).
+                (:func:`pgrank.models.loading.use_tf32`).
 ``torch-bf16``  bfloat16. On CUDA the weights are cast to bf16 (sentence-transformers' documented way to run a
                 model in half precision), so that the model stays a ``SentenceTransformer`` and several GPUs
                 encode through its multi-process pool. On a CPU the forward passes run under
@@ -50,12 +50,13 @@ import numpy as np
 from pgrank.atomic import atomic_path, exclusive, lock_file, write_json
 from pgrank.data.checksums import file_sha256
 from pgrank.errors import PgrankError
+from pgrank.models.loading import on_cuda
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
 
     from pgrank.config import ModelsConfig
-    from pgrank.models.hub import ModelRef
+    from pgrank.models.names import ModelRef
     from pgrank.paths import Paths
 
 log = logging.getLogger(__name__)
@@ -84,22 +85,6 @@ def int8_isa(flags: frozenset[str] | None = None) -> str:
     """The instruction set int8 weights are quantized for: ``avx512_vnni`` (8-bit weights) or ``avx2`` (7-bit)."""
     flags = cpu_flags() if flags is None else flags
     return "avx512_vnni" if "avx512_vnni" in flags or "amx_int8" in flags else "avx2"
-
-
-def on_cuda(device: str | None = None) -> bool:
-    """Whether models run on CUDA: ``device`` as given, or (``None``) wherever torch sees a GPU."""
-    import torch
-
-    return (device or "").startswith("cuda") or (device is None and torch.cuda.is_available())
-
-
-def use_tf32() -> None:
-    """Let float32 matrix products on CUDA run as TF32 (Ampere and later: about 8x the fp32 rate; 10 bits of
-    mantissa in the products, float32 accumulation). Called wherever pgrank puts a model on a GPU."""
-    import torch
-
-    torch.set_float32_matmul_precision("high")
-    torch.backends.cudnn.allow_tf32 = True
 
 
 def auto_inference_backend(device: str | None = None, flags: frozenset[str] | None = None) -> str:
@@ -383,7 +368,9 @@ def load_inference_encoder(name, models: "ModelsConfig", paths: "Paths", *, devi
     """
     import torch
 
-    from pgrank.models.hub import load_encoder, resolve_model
+    from pgrank.models.loading import load_encoder
+
+    from pgrank.models.names import resolve_model
 
     ref = name if not isinstance(name, str) else resolve_model(name, models)
     backend = backend or effective_backend(ref, models, device)

@@ -70,7 +70,7 @@ class VersionModel:
 
     version: str
     folder: Path  # a sentence-transformers folder
-    document_model: str  # what encodes its documents (a name pgrank.models.hub resolves)
+    document_model: str  # what encodes its documents (a name pgrank.models.names resolves)
     similarity: str
 
 
@@ -224,7 +224,9 @@ def fetch_version(client: MlflowClient, paths: Paths, model_name: str, version: 
     """
     import mlflow
 
-    from pgrank.models.hub import CHECKPOINT_META, model_name_of
+    from pgrank.models.checkpoint_meta import CHECKPOINT_META
+
+    from pgrank.models.names import model_name_of
 
     mv = client.get_model_version(model_name, version)
     run_params = client.get_run(mv.run_id).data.params if mv.run_id else {}

@@ -160,7 +160,7 @@ def _texts(n: int, words: int) -> list[str]:
 
 def measure_rates(params, paths, name: str, device: str, seconds: float, *, train: bool) -> ModelRates:
     """``name``'s rates measured on ``device`` (:func:`pgrank.pipeline.plan.calibrate` says how)."""
-    from pgrank.models.hub import load_encoder
+    from pgrank.models.loading import load_encoder
 
     ev, cfg = params.evaluate, params.train
     mining = name == params.mine.model and params.mine.source == "dense"

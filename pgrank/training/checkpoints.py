@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from pgrank.atomic import atomic_path
-from pgrank.models.hub import CHECKPOINT_META
+from pgrank.models.checkpoint_meta import CHECKPOINT_META
 
 TRAINER_STATE = "trainer.pt"
 
@@ -164,7 +164,7 @@ def prune(model_dir: Path, fingerprint: str, epochs_done: int) -> list[str]:
     settings, epochs a resumed run will write again, stray files) goes, so that the output DVC hashes
     is exactly what this configuration produces.
     """
-    from pgrank.models.hub import read_checkpoint_meta
+    from pgrank.models.checkpoint_meta import read_checkpoint_meta
 
     removed = []
     for entry in sorted(Path(model_dir).iterdir()) if Path(model_dir).is_dir() else []:
@@ -200,7 +200,8 @@ def _py_rng_from_list(raw: list | None) -> tuple | None:
 
 def document_encoder(ref: Any, models: Any) -> Any | None:
     """The frozen document encoder of a ``tower: query`` checkpoint used as a warm start, else ``None``."""
-    from pgrank.models.hub import document_encoder_of, read_checkpoint_meta, resolve_model
+    from pgrank.models.checkpoint_meta import document_encoder_of, read_checkpoint_meta
+    from pgrank.models.names import resolve_model
 
     name = document_encoder_of(read_checkpoint_meta(ref.local_dir)) if ref.local_dir is not None else None
     return resolve_model(name, models) if name else None

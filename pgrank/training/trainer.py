@@ -83,7 +83,7 @@ def setup(params: Params, paths: Paths, warm_start: str, objective: str, device:
           progress: bool) -> Run:
     """Resolve the warm start, open the data, build the models (each weight file read once), seed, and make
     the optimizer: everything of a run before its trainer state."""
-    from pgrank.models.hub import resolve_model
+    from pgrank.models.names import resolve_model
 
     cfg = params.train
     world, dev = distributed.setup(device, timeout_minutes=cfg.ddp_timeout_minutes)
@@ -112,7 +112,7 @@ def setup(params: Params, paths: Paths, warm_start: str, objective: str, device:
 def resume(run: Run) -> None:
     """Continue from the saved trainer state of these settings (weights, optimizer, scheduler, RNG), or start
     afresh; then keep in the output only this configuration's work, and wrap the policy for DDP."""
-    from pgrank.models.hub import load_encoder
+    from pgrank.models.loading import load_encoder
 
     paths, model = run.paths, run.models.policy
     state_dir = paths.train_state(run.warm_start, run.objective)

@@ -46,7 +46,7 @@ class RunModels:
 def policy_model(ref: Any, doc_ref: Any, params: Params, device: torch.device | str) -> Any:
     """The warm start as the policy is built from it: read from ``ref``'s weights (a ``tower: query``
     checkpoint, ``doc_ref`` not ``ref``: its query route), with ``train.similarity``."""
-    from pgrank.models.hub import load_encoder
+    from pgrank.models.loading import load_encoder
 
     model = load_encoder(ref, params.models, device=str(device), max_seq_length=params.train.max_doc_length)
     if doc_ref is not ref:
@@ -58,7 +58,7 @@ def policy_model(ref: Any, doc_ref: Any, params: Params, device: torch.device | 
 def load_models(ref: Any, doc_ref: Any, params: Params, device: torch.device, *, reference: bool) -> RunModels:
     """The run's models (see the module docstring); ``doc_ref`` is ``ref`` unless the warm start is a
     ``tower: query`` checkpoint, ``reference``: whether the objective needs the KL reference."""
-    from pgrank.models.hub import load_encoder
+    from pgrank.models.loading import load_encoder
 
     cfg = params.train
     policy = policy_model(ref, doc_ref, params, device)

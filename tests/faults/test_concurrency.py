@@ -87,7 +87,7 @@ def test_a_second_pipeline_on_a_busy_workspace_stops_at_once_and_changes_nothing
 def _artifact(project: Path, mirror: Path, tiny_model_dir: Path, max_seq_length: int = 64) -> Path:
     """The corpus-embedding folder the demo's mining will build (model key, length, corpus checksum)."""
     from pgrank.config import load_params
-    from pgrank.models.hub import resolve_model
+    from pgrank.models.names import resolve_model
     from pgrank.paths import Paths
 
     params = load_params(project / "params.yaml", [f"models.aliases.minilm={tiny_model_dir}"], "demo")

@@ -139,7 +139,8 @@ def test_mining_a_small_dataset(toy, source, tiny_model_dir):
 
 
 def test_dense_scores_of_relevant_documents_ranked_low_are_their_real_scores(toy, tiny_model_dir):
-    from pgrank.models.hub import load_encoder, resolve_model
+    from pgrank.models.loading import load_encoder
+    from pgrank.models.names import resolve_model
     from pgrank.retrieval.dense.corpus_embeddings import open_corpus_embeddings
     from pgrank.retrieval.dense.encoding import encode_queries
 
@@ -261,7 +262,7 @@ def test_dense_mining_with_real_minilm_on_a_scifact_slice(scifact, tmp_path, mon
     assert len(sets) == 20 and all(len(docs) == 50 for docs in sets.values())
     assert all(set(qrels[q]) <= set(sets[q]) for q in qids)
     from pgrank.models.backends import effective_backend, embedding_key
-    from pgrank.models.hub import resolve_model
+    from pgrank.models.names import resolve_model
     from pgrank.paths import slug
 
     [artifact] = [p for p in (tmp_path / "embeddings").iterdir() if p.name != "exports"]  # exports: ONNX backends

@@ -20,7 +20,7 @@ from pgrank.models.backends import (
     int8_isa,
     load_inference_encoder,
 )
-from pgrank.models.hub import resolve_model
+from pgrank.models.names import resolve_model
 from pgrank.paths import Paths
 
 pytest.importorskip("onnxruntime")

@@ -10,7 +10,8 @@ import torch
 
 from pgrank.config import ModelsConfig
 from pgrank.models.backends import exports, load_inference_encoder
-from pgrank.models.hub import load_encoder, resolve_model
+from pgrank.models.loading import load_encoder
+from pgrank.models.names import resolve_model
 from pgrank.paths import Paths
 
 TEXTS = ["what causes fever", "a passage about coral reefs and the rivers that feed them " * 6, "x"]

@@ -111,7 +111,7 @@ def test_the_closure_reads_the_callback_and_the_helpers_of_cli_py(tmp_path):
 
 
 # Calls of importlib.import_module that name a module the user configures (never a pgrank module).
-USER_MODULES = {("pgrank.models.hub", "entry.package"), ("pgrank.core.ranking_utility", "module")}
+USER_MODULES = {("pgrank.models.names", "entry.package"), ("pgrank.core.ranking_utility", "module")}
 
 
 def test_every_dispatch_by_name_goes_through_a_registry_the_closure_follows():

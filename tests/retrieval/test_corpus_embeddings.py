@@ -11,7 +11,7 @@ import pgrank.retrieval.dense.corpus_embeddings as embeddings
 from pgrank.config import ModelsConfig
 from pgrank.data.beir import document_text
 from pgrank.errors import DataError
-from pgrank.models.hub import load_encoder
+from pgrank.models.loading import load_encoder
 from pgrank.retrieval.dense.corpus_embeddings import (
     build_corpus_embeddings,
     open_corpus_embeddings,
@@ -174,7 +174,7 @@ def test_bf16_encoding_on_cuda_goes_through_the_multi_process_pool(tmp_path, pap
     if not torch.cuda.is_available():
         pytest.skip("a CUDA device is needed")
     from pgrank.models.backends import effective_backend, load_inference_encoder
-    from pgrank.models.hub import resolve_model
+    from pgrank.models.names import resolve_model
     from pgrank.paths import Paths
 
     folder = paper_model("gtr-t5")

@@ -13,7 +13,9 @@ import pytest
 import torch
 from toy_project import make_project
 
-from pgrank.models.hub import load_encoder, resolve_model
+from pgrank.models.loading import load_encoder
+
+from pgrank.models.names import resolve_model
 from pgrank.training.batches import candidate_scores, make_batch, query_generators
 from pgrank.training.grad_cache import encode
 from pgrank.training.trainer import accumulate_gradients, train

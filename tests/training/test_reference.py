@@ -6,7 +6,7 @@ import pytest
 from toy_project import make_project
 
 from pgrank.core.policy import top1_kl
-from pgrank.models.hub import load_encoder
+from pgrank.models.loading import load_encoder
 from pgrank.training.batches import TrainingSet, frozen_documents, make_batch
 from pgrank.training.reference import ReferencePolicy
 from pgrank.training.trainer import accumulate_gradients, train
@@ -16,7 +16,7 @@ from pgrank.training.warm_start import policy_model
 def _setup(tmp_path, tiny_model_dir, tower, **overrides):
     from pgrank.data.candidate_store import open_candidates
     from pgrank.data.corpus_store import open_corpus
-    from pgrank.models.hub import resolve_model
+    from pgrank.models.names import resolve_model
 
     params, paths = make_project(tmp_path, tiny_model_dir, overrides={"train.tower": tower, **overrides})
     corpus = open_corpus(paths, "toy")

@@ -64,7 +64,7 @@ def _with_other_dataset(tmp_path, tiny_model_dir, overrides):
 
 
 def test_training_validates_out_of_domain_and_keeps_the_selected_epoch_as_the_policy(tmp_path, tiny_model_dir):
-    from pgrank.models.hub import read_checkpoint_meta
+    from pgrank.models.checkpoint_meta import read_checkpoint_meta
     from pgrank.retrieval.dense.retriever import policy_system
     from pgrank.training.trainer import train
 

@@ -14,7 +14,8 @@ from toy_project import make_project
 
 from pgrank import tracking
 from pgrank.core.estimators import policy_gradient
-from pgrank.models.hub import load_encoder, read_checkpoint_meta
+from pgrank.models.checkpoint_meta import read_checkpoint_meta
+from pgrank.models.loading import load_encoder
 from pgrank.training import checkpoints
 from pgrank.training.batches import make_batch, query_generators
 from pgrank.training.grad_cache import encode, encode_cached
@@ -235,7 +236,7 @@ def _ddp_worker(rank, world, port, model_dir, project_dir, tower, out):
     wrapped = distributed.wrap(model, w, dev)
     frozen = None
     if tower == "query":
-        from pgrank.models.hub import resolve_model
+        from pgrank.models.names import resolve_model
         from pgrank.training.batches import frozen_documents
 
         frozen = frozen_documents(params, paths, resolve_model(str(model_dir), params.models), corpus)
@@ -264,7 +265,7 @@ def test_ddp_average_gradient_equals_single_process(tmp_path, tiny_model_dir, to
     model = _tiny(tiny_model_dir)
     frozen = None
     if tower == "query":
-        from pgrank.models.hub import resolve_model
+        from pgrank.models.names import resolve_model
         from pgrank.training.batches import frozen_documents
 
         frozen = frozen_documents(params, paths, resolve_model(str(tiny_model_dir), params.models), corpus)
@@ -365,7 +366,7 @@ def test_short_real_run_on_a_scifact_slice_raises_training_utility(tmp_path, bei
     from pgrank.config import parse_params
     from pgrank.download.stage import download
     from pgrank.mining.candidate_sets import mine
-    from pgrank.models.hub import resolve_model
+    from pgrank.models.names import resolve_model
     from pgrank.paths import Paths
     from pgrank.training.batches import frozen_documents, training_set
     from pgrank.training.validation_ndcg import qrels_by_row, validate

@@ -25,7 +25,7 @@ def test_the_policy_its_kl_reference_and_its_document_side_come_from_one_read(tm
     """tower: query with the KL term needs the warm start's weights three times: the policy, the frozen reference
     and the document side of every checkpoint (here three); the run reads them once."""
     from pgrank.data.corpus_store import open_corpus
-    from pgrank.models.hub import resolve_model
+    from pgrank.models.names import resolve_model
     from pgrank.training.batches import frozen_documents
 
     params, paths = make_project(tmp_path, tiny_model_dir, overrides={

@@ -178,7 +178,7 @@ def build_corpus_embeddings(
 
     Args:
         load_model: returns the encoder; called only when some shard still has to be encoded.
-        model_key: the model's identity (:attr:`pgrank.models.hub.ModelRef.key`), recorded in the plan.
+        model_key: the model's identity (:attr:`pgrank.models.names.ModelRef.key`), recorded in the plan.
         corpus: the corpus store (rows in its order), or a small BEIR corpus dict (rows in its order).
         folder: the artifact folder (``Paths.corpus_embeddings(...)``).
         corpus_sha256: the corpus checksum the folder is keyed by, recorded in the plan.
@@ -275,7 +275,7 @@ def model_corpus_embeddings(
     all come here, so one (model, length, corpus) is encoded once).
 
     Args:
-        ref: a :class:`pgrank.models.hub.ModelRef`; ``models``: the ``models`` params section;
+        ref: a :class:`pgrank.models.names.ModelRef`; ``models``: the ``models`` params section;
             ``paths``: :class:`pgrank.paths.Paths`.
         store: the dataset's corpus store (:func:`pgrank.data.corpus_store.open_corpus`).
         load_model: returns the encoder (default: ``ref`` under its inference backend,

@@ -40,7 +40,7 @@ class DenseSystem:
 
 def policy_system(params: Params, paths: Paths, name: str) -> DenseSystem:
     """``pgrank-<warm>[+objective]`` (the last epoch, or the one ``train.selection`` chose) or ``...@<epoch>``."""
-    from pgrank.models.hub import document_encoder_of, read_checkpoint_meta
+    from pgrank.models.checkpoint_meta import document_encoder_of, read_checkpoint_meta
 
     policy = parse_policy_name(name)
     warm, objective = policy.warm, policy.objective
@@ -64,7 +64,8 @@ def comparison_system(params: Params, name: str) -> DenseSystem:
     there (a policy's folder, a registered version fetched back, the champion of continual retraining)
     is the system its policy is: queries through it, documents from its frozen document encoder's
     corpus-embedding artifact, which mining already built, instead of encoding the corpus again."""
-    from pgrank.models.hub import document_encoder_of, read_checkpoint_meta, resolve_model
+    from pgrank.models.checkpoint_meta import document_encoder_of, read_checkpoint_meta
+    from pgrank.models.names import resolve_model
 
     ref = resolve_model(name, params.models)
     meta = read_checkpoint_meta(ref.local_dir) if ref.local_dir is not None else {}
@@ -91,7 +92,7 @@ class DenseRetriever:
                  max_seq_length: int, batch_size: int, progress: bool = False, candidates: np.ndarray | None = None):
         from pgrank.data.corpus_store import open_corpus
         from pgrank.models.backends import effective_backend, embedding_key
-        from pgrank.models.hub import resolve_model
+        from pgrank.models.names import resolve_model
         from pgrank.retrieval.dense.corpus_embeddings import (
             SubsetEmbeddings,
             model_corpus_embeddings,

