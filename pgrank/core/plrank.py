@@ -99,7 +99,8 @@ def plrank3_weights(
         placed_logit = torch.gather(lg, 1, flat).view(B, N, K)
         log_denom = torch.where(valid, placed_logit - step_log_probs, placed_logit.new_zeros(()))  # (B, N, K) L_k
         th = theta[:K].to(dtype)
-        placed_gain = torch.gather(gains.to(dtype), 1, flat).view(B, N, K) * valid
+        gains_d = gains.to(dtype)
+        placed_gain = torch.gather(gains_d, 1, flat).view(B, N, K) * valid
         reward = placed_gain * th  # (B, N, K) theta_k g(r_k)
         to_go = reward.flip(-1).cumsum(-1).flip(-1)  # (B, N, K) R_k, the reward from place k on
         decay = _exp_nonpos(log_denom[..., 1:] - log_denom[..., :-1])  # (B, N, K - 1) D_{k+1} / D_k
@@ -117,18 +118,19 @@ def plrank3_weights(
         else:
             last = (mask.sum(-1).clamp(1, K) - 1).view(B, 1, 1)
         last = last.expand(B, N, 1)
-        ends = torch.stack([log_denom.gather(-1, last), a.gather(-1, last), b.gather(-1, last)])  # (3, B, N, 1)
-        real = torch.ones(B, n, dtype=torch.bool, device=lg.device) if mask is None else mask
-        g = gains.to(dtype)
+        log_last = log_denom.gather(-1, last)  # (B, N, 1)
+        ab = torch.cat([a.gather(-1, last), b.gather(-1, last)], dim=-1)  # (B, N, 2)
+        real_lg = lg if mask is None else lg.masked_fill(~mask, -math.inf)
+        floor = math.log(torch.finfo(dtype).tiny) + 1.0  # see _exp_nonpos; the placed and padded end there, not at 0
         chunk = max(1, _MAX_ELEMENTS // max(1, N * n))
         for b0 in range(0, B, chunk):  # a loop over query chunks only, to bound memory
             sl = slice(b0, b0 + chunk)
-            c = rankings[sl].shape[0]
-            unplaced = real[sl].unsqueeze(1).expand(c, N, n).clone()  # (c, N, n)
-            unplaced.scatter_(-1, rankings[sl], False)
-            ratio = _exp_nonpos(lg[sl].unsqueeze(1) - ends[0, sl]) * unplaced  # (c, N, n) pi_{K-1}(d), 0 if placed
-            ab = torch.cat([ends[1, sl], ends[2, sl]], dim=-1)  # (c, N, 2)
+            ratio = real_lg[sl].unsqueeze(1) - log_last[sl]  # (c, N, n) log pi_{K-1}(d) where d is unplaced
+            ratio.scatter_(-1, rankings[sl], -math.inf)  # the placed documents
+            ratio.clamp_(floor, 0.0).exp_()
             with torch.autocast(lg.device.type, enabled=False):  # in the working dtype, never narrowed
-                per_doc = torch.bmm(ratio.transpose(1, 2), ab)  # (c, n, 2) sums over the samples
-            weights[sl] += g[sl] * per_doc[..., 0] - per_doc[..., 1]
+                per_doc = torch.bmm(ratio.transpose(1, 2), ab[sl])  # (c, n, 2) sums over the samples
+            weights[sl] += gains_d[sl] * per_doc[..., 0] - per_doc[..., 1]
+        if mask is not None:
+            weights.masked_fill_(~mask, 0.0)
         return weights / N
