@@ -200,7 +200,9 @@ class PolicyGradientConfig(_Section):
     """Knobs of :func:`pgrank.core.estimators.pg_loss` (paper Eq. 8/9 and appendix table)."""
 
     utility: str = "ndcg@10"
-    estimator: Literal["per_rank", "whole"] = "per_rank"
+    estimator: Literal["per_rank", "whole", "plrank3"] = Field(
+        default="per_rank", description="per_rank: Eq. 9; whole: Eq. 8; plrank3: PL-Rank-3 (Oosterhuis, SIGIR 2022), "
+                                        "for ndcg, dcg and recall")
     baseline: Literal["loo", "none"] = "loo"
     num_samples: PositiveInt = 5000
     temperature: PositiveFloat = 0.05
@@ -482,9 +484,15 @@ def _consistency(params: Params) -> list[tuple[tuple, str]]:
         problems.append(
             (("train", "pg", "num_samples"), f"must be >= 2 with the leave-one-out baseline (got {pg.num_samples})")
         )
-    if pg.estimator == "per_rank" and ":" in pg.utility:
+    if pg.estimator in ("per_rank", "plrank3") and ":" in pg.utility:
         problems.append(
-            (("train", "pg", "estimator"), "'per_rank' needs a named rank-decomposable utility; use 'whole' with a custom callable")
+            (("train", "pg", "estimator"),
+             f"{pg.estimator!r} needs a named rank-decomposable utility; use 'whole' with a custom callable")
+        )
+    elif pg.estimator == "plrank3" and pg.utility.split("@")[0] not in ("ndcg", "dcg", "recall"):
+        problems.append(
+            (("train", "pg", "estimator"), f"'plrank3' needs a utility linear in the documents' gains (ndcg, dcg or "
+             f"recall), not {pg.utility!r}; use 'per_rank'")
         )
     for i, name in enumerate(params.train.warm_starts):
         if not name.strip():
