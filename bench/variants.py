@@ -68,7 +68,7 @@ def _params(args, root: Path, extra: list[str]):
     return load_params(ROOT / "params.yaml", [
         f"paths.root={root}", f"paths.data={args.work / 'data'}", f"paths.embeddings={args.work / 'embeddings'}",
         f"data.mirror={args.mirror}", "tracking.enabled=false", "data.eval_sets={scifact: [test], nfcorpus: [test]}",
-        "evaluate.policy_epochs=[]", *extra], profile=args.profile)
+        "evaluate.policy_epochs=[]", *args.overrides, *extra], profile=args.profile)
 
 
 def _link_shared(root: Path, base: Path) -> None:
@@ -213,6 +213,8 @@ def main() -> None:
     parser.add_argument("--mirror", default=str(ROOT.parent / "shared" / "data" / "beir"))
     parser.add_argument("--variant", action="append", required=True, help='"name: key=value ..." (repeatable)')
     parser.add_argument("--seeds", type=int, nargs="+", default=[42])
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="an override for every variant (and the shared setup), e.g. train.validation_sets=[nfcorpus/dev]")
     parser.add_argument("--margin", type=float, default=0.005, help="out-of-domain validation loss allowed in the choice")
     parser.add_argument("--test", action="store_true", help="also evaluate every policy on the test sets (reporting only)")
     parser.add_argument("--out", type=Path, default=None)
