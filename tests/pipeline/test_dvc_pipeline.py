@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import site
 import subprocess
 import sys
 from pathlib import Path
@@ -48,6 +49,28 @@ def _status(ws: Path) -> dict:
     return {k: v for k, v in status.items() if v != ["always changed"]}
 
 
+def fresh_venv(path: Path) -> Path:
+    """A new venv that sees every package the tests run with, so that pip has nothing to fetch.
+
+    ``--system-site-packages`` shows the base interpreter's packages: all of them when the tests run on a
+    plain interpreter (CI), none of the user's when they run inside a venv, whose ``python -m venv`` builds
+    on the base interpreter too. So a venv's own site-packages are added with ``site.addsitedir`` (from a
+    ``.pth`` file, which also runs their ``.pth`` files, as the base interpreter's are run), after the new
+    venv's own: what the new venv installs comes first, as on a plain interpreter.
+    """
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(path)], check=True)
+    python = path / "bin" / "python"
+    # the venv's own old setuptools would shadow the installed one that builds the editable wheel
+    subprocess.run([str(python), "-m", "pip", "uninstall", "-y", "-q", "setuptools"], check=True, capture_output=True)
+    if sys.prefix != sys.base_prefix:
+        own = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                             check=True, capture_output=True, text=True).stdout.strip()
+        outer = [d for d in site.getsitepackages() if not d.startswith(sys.base_prefix)]
+        # named to sort after the .pth files pip writes there (an editable install's), which run first
+        Path(own, "~outer-venv.pth").write_text("".join(f"import site; site.addsitedir({d!r})\n" for d in outer))
+    return path
+
+
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory, beir_mirror, tiny_model_dir):
     """A fresh clone, ../shared/data/beir beside it, a fresh venv, and the README's demo line run in the clone."""
@@ -57,10 +80,7 @@ def demo_run(tmp_path_factory, beir_mirror, tiny_model_dir):
     subprocess.run(["git", "clone", "-q", str(source), str(clone)], check=True)
     sliced_mirror(beir_mirror, tmp / "shared" / "data" / "beir")
     write_smoke_profile(clone, tiny_model_dir)
-    venv = tmp / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
-    # the venv's own old setuptools would shadow the installed one that builds the editable wheel
-    subprocess.run([str(venv / "bin" / "pip"), "uninstall", "-y", "-q", "setuptools"], check=True, capture_output=True)
+    venv = fresh_venv(tmp / "venv")
     env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "PGRANK_BEIR_MIRROR", "VIRTUAL_ENV")}
     env.update(PATH=f"{venv / 'bin'}{os.pathsep}{env['PATH']}", PGRANK_PROFILE="smoke", HF_HUB_OFFLINE="1",
                PIP_NO_INDEX="1", PIP_NO_BUILD_ISOLATION="0", PIP_DISABLE_PIP_VERSION_CHECK="1")
