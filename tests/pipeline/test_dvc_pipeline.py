@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from dependency_closure import stage_files
 from shrunk import project_copy, sliced_mirror, write_smoke_profile
 
@@ -119,6 +120,9 @@ def test_the_readme_demo_line_runs_verbatim_from_a_fresh_clone(demo_run):
     assert status.split() == ["??", "profiles/smoke.yaml"]  # nothing tracked was touched
     lock = (ws / "dvc.lock").read_text()
     assert str(clone) not in lock and str(ws) not in lock  # no absolute paths in what DVC records
+    outs = {out["path"] for stage in yaml.safe_load(lock)["stages"].values() for out in stage.get("outs", [])}
+    files = [f for out in outs for f in ([ws / out] if (ws / out).is_file() else (ws / out).rglob("*")) if f.is_file()]
+    assert len(files) > 50 and not [f for f in files if str(clone).encode() in f.read_bytes()]  # nor in its outputs
 
 
 @pytest.mark.integration
