@@ -23,13 +23,14 @@ invocation, even with other ``--set`` values, never changes a file under a runni
 at once with "... is in use by PID N (command, since ...)". :func:`prepare` alone takes the same lock.
 The lock is ``flock(2)``, released by the kernel however its holder ends (SIGKILL included).
 
-Stopping: ``dvc`` runs in a process group of its own, so that a stop reaches DVC and every stage process it
-started, and nothing outlives pgrank. SIGINT, SIGTERM or SIGHUP to pgrank (Ctrl-C, a process manager or a
-cancelling scheduler, a closed terminal) interrupts the group as Ctrl-C does (SIGINT): the running stage
-ends its MLflow run ``KILLED`` and exits, DVC records nothing for it and exits; whatever is left of the group
-after :data:`STOP_GRACE_S` (or at a second signal) is killed. pgrank then ends the parent run ``KILLED`` (with
-any run of the group still ``RUNNING``), prints one line and exits with 128 + the signal's number. The stages
-that completed keep their ``dvc.lock`` entries and ``FINISHED`` runs, so the next ``repro`` resumes from them.
+Stopping: ``dvc`` runs in a session, and so a process group, of its own (no terminal's job control pauses
+it), so that a stop reaches DVC and every stage process it started, and nothing outlives pgrank. SIGINT,
+SIGTERM or SIGHUP to pgrank (Ctrl-C, a process manager or a cancelling scheduler, a closed terminal)
+interrupts the group as Ctrl-C does (SIGINT): the running stage ends its MLflow run ``KILLED`` and exits, and
+DVC records nothing for it and exits; whatever is left of the group after :data:`STOP_GRACE_S` (or at a
+second signal) is killed. pgrank then ends the parent run ``KILLED`` (with any run of the group still
+``RUNNING``), prints one line and exits with 128 + the signal's number. The stages that completed keep
+their ``dvc.lock`` entries and ``FINISHED`` runs, so the next ``repro`` resumes after them.
 
 Example:
     >>> ws = prepare(Path("params.yaml"), "demo", ["train.epochs=1"])
@@ -230,12 +231,15 @@ class _Stopping:
                                     "the next pgrank repro resumes after the stages that completed")
 
     def run(self, argv: list[str], cwd: Path, env: dict[str, str], capture: bool) -> subprocess.CompletedProcess:
-        """``argv`` in a process group of its own; raises :class:`Stopped` once a stop has ended the group."""
+        """``argv`` in a session and process group of its own; raises :class:`Stopped` once a stop has ended the group.
+
+        Where no signal is handled here (not the main thread), it stays in this process group, which a stop reaches.
+        """
         pipe = subprocess.PIPE if capture else None
-        group = 0 if self._previous else None  # stopped by its own signals where none are handled here
         self._starting = True  # a signal now is handled once the group exists
         try:
-            proc = subprocess.Popen(argv, cwd=cwd, env=env, text=True, stdout=pipe, stderr=pipe, process_group=group)
+            proc = subprocess.Popen(argv, cwd=cwd, env=env, text=True, stdout=pipe, stderr=pipe,
+                                    start_new_session=bool(self._previous))
             self._group = proc.pid
             if self.signum is not None and self._timer is None:
                 self._stop_group()

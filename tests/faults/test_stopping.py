@@ -41,8 +41,8 @@ class Repro:
         args = [shutil.which("pgrank"), "--profile", "demo", *(a for o in overrides for a in ("--set", o)), "repro"]
         self.proc = subprocess.Popen(args, cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         self.chunks: list[bytes] = []
-        self.reader = threading.Thread(target=lambda: self.chunks.extend(iter(lambda: self.proc.stdout.read1(65536), b"")),
-                                       daemon=True)
+        read = lambda: self.chunks.extend(iter(lambda: self.proc.stdout.read1(65536), b""))  # noqa: E731
+        self.reader = threading.Thread(target=read, daemon=True)
         self.reader.start()
         self.tree: dict[int, psutil.Process] = {}
         self.commands: dict[int, str] = {}
