@@ -11,7 +11,8 @@ demo), holding
   workspace itself (so its outputs, ``dvc.lock`` and DVC cache live apart from the paper's);
   ``paths.data`` and ``paths.embeddings`` point, relative to the workspace, at the folders the profile
   names (by default the project's ``data/``, shared by every profile: a dataset is downloaded once and a
-  (model, corpus) pair encoded once); a relative ``data.mirror`` is made absolute;
+  (model, corpus) pair encoded once); a relative ``data.mirror``, ``data.sources`` path or ``models.offline``
+  path (relative to the params file) is made absolute, since the stages run in the workspace;
 * a ``--no-scm`` DVC project (``.dvc/``), with the cache linked rather than copied.
 
 Files are rewritten only when their bytes change, so an unchanged re-run is a DVC no-op, and
@@ -104,6 +105,9 @@ def workspace_params(params: Params, project: Path, ws: Path) -> dict:
     for name, source in params.data.sources.items():  # datasets of your own: relative to the params file
         if source.path is not None:
             doc["data"]["sources"][name]["path"] = str((project / Path(source.path).expanduser()).resolve())
+    for hub_id, copy in params.models.offline.items():  # offline model copies: relative to the params file
+        if copy.path is not None:
+            doc["models"]["offline"][hub_id]["path"] = str((project / Path(copy.path).expanduser()).resolve())
     if params.data.holdout:
         doc["data"]["holdout"] = str((project / Path(params.data.holdout).expanduser()).resolve())
     dataset, split = params.data.train.split("/")
