@@ -56,11 +56,12 @@ def demo_scores(queries: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, to
     """``(scores, relevance, mask)`` of the demo's training queries under the warm start, ``(Q, n)`` each."""
     from pgrank.config import load_params
     from pgrank.data.corpus_store import open_corpus
-    from pgrank.models.hub import load_encoder, resolve_model
+    from pgrank.models.loading import load_encoder
+    from pgrank.models.names import resolve_model
     from pgrank.paths import CARVED_TRAIN, Paths
     from pgrank.training.batches import candidate_scores, make_batch
     from pgrank.training.grad_cache import encode
-    from pgrank.training.validation import frozen_documents, training_set
+    from pgrank.training.batches import frozen_documents, training_set
 
     params = load_params(ROOT / "params.yaml", profile="demo")
     paths = Paths.from_config(params.paths, ROOT)

@@ -70,7 +70,7 @@ class Shape:
     numeric_ids: bool = False  # MS MARCO: passages 0..N-1, queries 1000000..
 
 
-# The paper's datasets with BEIR's splits (pgrank.data.catalogue.BEIR_SIZES), shrunk.
+# The paper's datasets with BEIR's splits (pgrank.download.catalogue.BEIR_SIZES), shrunk.
 SHAPES: dict[str, Shape] = {
     "msmarco": Shape(200, {"train": (48, BINARY), "dev": (6, BINARY), "test": (5, TREC_DL)}, titles=False,
                      numeric_ids=True),

@@ -78,8 +78,8 @@ def test_the_profile_is_the_paper_configuration_with_only_sizes_changed():
 
 def test_the_mirror_has_every_paper_dataset_with_beirs_splits_and_judgments(tmp_path):
     from pgrank.data.beir import load_split
-    from pgrank.data.catalogue import BEIR_SIZES, PAPER_DATASETS
-    from pgrank.data.validation import validate_folder
+    from pgrank.download.catalogue import BEIR_SIZES, PAPER_DATASETS
+    from pgrank.download.dataset_checks import validate_folder
     from pgrank.paths import Paths
 
     mirror = paper_smoke.write_mirror(tmp_path / "mirror")

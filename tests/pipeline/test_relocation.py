@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def _pipeline(clone: Path, mirror: Path, tiny_model_dir: Path) -> Path:
     """The shrunk demo's stages, through their library functions, in ``clone/runs/demo``; returns that folder."""
     from pgrank.config import load_params
-    from pgrank.data.download import download
+    from pgrank.download.stage import download
     from pgrank.evaluation.stage import evaluate_dataset
     from pgrank.evaluation.systems import policy_systems
     from pgrank.mining.candidate_sets import mine_splits, select_targets

@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_relative_offline_model_paths_are_made_absolute_against_the_project(tmp_path):
     from pgrank.config import load_params
-    from pgrank.models.hub import resolve_model
+    from pgrank.models.names import resolve_model
     from pgrank.pipeline.workspace import workspace_params
 
     project, copy = tmp_path / "project", tmp_path / "project" / "models" / "encoder"
