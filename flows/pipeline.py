@@ -166,10 +166,10 @@ def dvc_stage(workspace: str, stage: str, parent_run_id: str | None = None) -> s
 
     Returns the stage name. Raises :class:`PgrankError` with the last lines of output when DVC fails.
     """
-    exe = shutil.which("dvc")
+    env = stage_environment(STAGE_ENV)
+    exe = shutil.which("dvc", path=env["PATH"])
     if exe is None:
         raise PgrankError("dvc is not installed; pip install dvc")
-    env = stage_environment(STAGE_ENV)
     if parent_run_id:
         env[PARENT_ENV] = parent_run_id
     log = _logger()

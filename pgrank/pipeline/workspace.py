@@ -45,6 +45,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -169,8 +170,14 @@ PROFILE_ENV = "PGRANK_PROFILE"
 
 
 def stage_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of DVC and the stage commands it runs: this one, less ``$PGRANK_PROFILE``."""
+    """The environment of DVC and the stage commands it runs: this one, less ``$PGRANK_PROFILE``, with this
+    interpreter's scripts folder first on ``$PATH``: ``.venv/bin/pgrank demo`` from a shell whose virtual
+    environment is not activated runs DVC and every stage's ``pgrank`` of that environment, not another
+    installation's."""
     env = {k: v for k, v in os.environ.items() if k != PROFILE_ENV}
+    scripts = str(Path(sys.executable).parent)
+    rest = [p for p in env.get("PATH", "").split(os.pathsep) if p and p != scripts]
+    env["PATH"] = os.pathsep.join([scripts, *rest])
     return {**env, **(extra or {})}
 
 
@@ -262,7 +269,7 @@ class _Stopping:
 def run_dvc(args: list[str], cwd: Path, *, capture: bool = False) -> subprocess.CompletedProcess:
     """Run ``dvc ARGS`` in ``cwd``; a failure raises :class:`PgrankError` with DVC's message, a stop signal
     :class:`Stopped` once DVC and its stages have ended (the module docstring)."""
-    exe = shutil.which("dvc")
+    exe = shutil.which("dvc", path=stage_environment()["PATH"])
     if exe is None:
         raise PgrankError("dvc is not installed; pip install dvc")
     with _Stopping(f"`dvc {' '.join(args)}`") as stopping:

@@ -27,3 +27,20 @@ def test_relative_offline_model_paths_are_made_absolute_against_the_project(tmp_
 
     ref = resolve_model("org/encoder", parse_params(doc).models)  # what a stage in the workspace resolves
     assert ref.local_dir == copy
+
+
+def test_stages_run_this_interpreters_dvc_and_pgrank_even_when_its_environment_is_not_activated(monkeypatch):
+    """``.venv/bin/pgrank demo`` from a shell where another installation's ``pgrank`` comes first on $PATH: DVC
+    and the stage commands it starts must resolve to this interpreter's scripts."""
+    import os
+    import sys
+    from pathlib import Path
+
+    from pgrank.pipeline.workspace import stage_environment
+
+    scripts = str(Path(sys.executable).parent)
+    monkeypatch.setenv("PATH", os.pathsep.join(["/opt/other/bin", scripts, "/usr/bin"]))
+    monkeypatch.setenv("PGRANK_PROFILE", "demo")
+    env = stage_environment({"EXTRA": "1"})
+    assert env["PATH"].split(os.pathsep) == [scripts, "/opt/other/bin", "/usr/bin"]
+    assert "PGRANK_PROFILE" not in env and env["EXTRA"] == "1"
