@@ -33,9 +33,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
-import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -47,6 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from pgrank.core.estimators import policy_gradient  # noqa: E402
+from record import add_out_option, new_record, save  # noqa: E402
 
 ESTIMATORS = ("whole", "per_rank", "plrank3")
 UTILITY = "ndcg@10"
@@ -107,36 +105,25 @@ def reference(scores, relevance, mask, T: float, samples: int, parts: int, seed:
     return mean, own.mean().item()
 
 
-def machine() -> dict:
-    from pgrank.models.backends import cpu_flags
+TITLE = "Policy-gradient estimators: error against the exact gradient per second of compute"
 
-    def proc(name: str) -> list[str]:
-        path = Path("/proc") / name
-        return path.read_text(errors="replace").splitlines() if path.exists() else []
 
-    model = next((line.split(":", 1)[1].strip() for line in proc("cpuinfo") if line.startswith("model name")),
-                 platform.processor())
-    mem_kb = next((int(line.split()[1]) for line in proc("meminfo") if line.startswith("MemTotal")), 0)
-    versions = {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__}
-    for name in ("sentence_transformers", "transformers"):
-        try:
-            versions[name] = __import__(name).__version__
-        except ImportError:
-            pass
-    try:
-        git = ["git", "-C", str(ROOT)]
-        commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-        status = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
-        if status.stdout.strip():
-            commit += " (with uncommitted changes)"
-    except OSError:
-        commit = ""
-    return {
-        "cpu": model, "cpu_flags": sorted(cpu_flags()), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-        "ram_gib": round(mem_kb / 2**20, 1), "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
-        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-        "platform": platform.platform(), "versions": versions, "commit": commit,
-    }
+def render(record: dict) -> str:
+    """The Markdown this script prints: one row per temperature, N and estimator."""
+    source, rows = record["source"], record["rows"]
+    lines = [f"{source['queries']} {source['dataset']} queries x {source['candidates']} candidates, "
+             f"{source['warm_start']} scores, {record['utility']}; {record['repeats']} estimates each; reference: "
+             f"PL-Rank-3 at {record['reference']['samples']:,} rankings per query; "
+             f"{record['machine'].get('torch_threads', 1)} thread(s).", "",
+             "| T | N | estimator | MSE | relative MSE | MSE / per_rank's | CPU s | MSE x CPU s |",
+             "|---:|---:|---|---:|---:|---:|---:|---:|"]
+    for row in rows:
+        base = next((x for x in rows if (x["temperature"], x["N"], x["estimator"]) ==
+                     (row["temperature"], row["N"], "per_rank")), None)
+        ratio = f"{row['mse'] / base['mse']:.2f}" if base and base["mse"] > 0 else "-"
+        lines.append(f"| {row['temperature']:g} | {row['N']} | {row['estimator']} | {row['mse']:.3g} "
+                     f"| {row['relative_mse']:.3g} | {ratio} | {row['cpu_seconds']:.3f} | {row['mse_x_cpu_seconds']:.3g} |")
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -150,10 +137,8 @@ def main() -> None:
     ap.add_argument("--reference-parts", type=int, default=20)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: processor time is compute time)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "estimator_variance.json")
+    add_out_option(ap, __file__)
     args = ap.parse_args()
-
-    from pgrank.atomic import write_json
 
     started = time.perf_counter()
     scores, relevance, mask, source = demo_scores(args.queries, args.seed)
@@ -181,24 +166,13 @@ def main() -> None:
                 print(f"  N={N:<5} {estimator:<8} MSE {mse:.4g} (relative {mse / norm:.3g}), {min(cpus):.3f} CPU s, "
                       f"{min(walls):.3f} s", flush=True)
 
-    record = {"command": "python bench/estimator_variance.py " + " ".join(sys.argv[1:]), "source": source,
-              "utility": UTILITY, "repeats": args.repeats, "reference": {"estimator": "plrank3",
-              "samples": args.reference_samples, "parts": args.reference_parts},
-              "machine": machine(), "wall_seconds": time.perf_counter() - started, "rows": rows}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    write_json(args.out, record)
-
-    print(f"\n{source['queries']} {source['dataset']} queries x {source['candidates']} candidates, {source['warm_start']} "
-          f"scores, {UTILITY}; {args.repeats} estimates each; reference: PL-Rank-3 at {args.reference_samples:,} "
-          f"rankings per query; {record['machine']['cpu']}, {torch.get_num_threads()} thread(s)\n")
-    print("| T | N | estimator | MSE | relative MSE | MSE / per_rank's | CPU s | MSE x CPU s |")
-    print("|---:|---:|---|---:|---:|---:|---:|---:|")
-    for row in rows:
-        base = next((x for x in rows if (x["temperature"], x["N"], x["estimator"]) ==
-                     (row["temperature"], row["N"], "per_rank")), None)
-        ratio = f"{row['mse'] / base['mse']:.2f}" if base and base["mse"] > 0 else "-"
-        print(f"| {row['temperature']:g} | {row['N']} | {row['estimator']} | {row['mse']:.3g} | {row['relative_mse']:.3g} "
-              f"| {ratio} | {row['cpu_seconds']:.3f} | {row['mse_x_cpu_seconds']:.3g} |")
+    record = new_record(TITLE)
+    record["machine"]["torch_threads"] = torch.get_num_threads()
+    record.update({"source": source, "utility": UTILITY, "repeats": args.repeats,
+                   "reference": {"estimator": "plrank3", "samples": args.reference_samples,
+                                 "parts": args.reference_parts},
+                   "wall_seconds": time.perf_counter() - started, "rows": rows})
+    save(record, args.out, render)
     print(f"\nwall time {record['wall_seconds']:.0f} s; written {args.out}")
 
 
