@@ -188,18 +188,26 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_json(args.out, record)
 
-    print(f"\n{source['queries']} {source['dataset']} queries x {source['candidates']} candidates, {source['warm_start']} "
-          f"scores, {UTILITY}; {args.repeats} estimates each; reference: PL-Rank-3 at {args.reference_samples:,} "
-          f"rankings per query; {record['machine']['cpu']}, {torch.get_num_threads()} thread(s)\n")
-    print("| T | N | estimator | MSE | relative MSE | MSE / per_rank's | CPU s | MSE x CPU s |")
-    print("|---:|---:|---|---:|---:|---:|---:|---:|")
+    print("\n" + render(record))
+    print(f"\nwall time {record['wall_seconds']:.0f} s; written {args.out}")
+
+
+def render(record: dict) -> str:
+    """The record's table, as printed (and as the docs' benchmarks page shows it)."""
+    source, rows, machine_ = record["source"], record["rows"], record["machine"]
+    ref = record["reference"]
+    out = [f"{source['queries']} {source['dataset']} queries x {source['candidates']} candidates, "
+           f"{source['warm_start']} scores, {record['utility']}; {record['repeats']} estimates each; reference: "
+           f"PL-Rank-3 at {ref['samples']:,} rankings per query; {machine_.get('torch_threads', 1)} thread(s)", "",
+           "| T | N | estimator | MSE | relative MSE | MSE / per_rank's | CPU s | MSE x CPU s |",
+           "|---:|---:|---|---:|---:|---:|---:|---:|"]
     for row in rows:
         base = next((x for x in rows if (x["temperature"], x["N"], x["estimator"]) ==
                      (row["temperature"], row["N"], "per_rank")), None)
         ratio = f"{row['mse'] / base['mse']:.2f}" if base and base["mse"] > 0 else "-"
-        print(f"| {row['temperature']:g} | {row['N']} | {row['estimator']} | {row['mse']:.3g} | {row['relative_mse']:.3g} "
-              f"| {ratio} | {row['cpu_seconds']:.3f} | {row['mse_x_cpu_seconds']:.3g} |")
-    print(f"\nwall time {record['wall_seconds']:.0f} s; written {args.out}")
+        out.append(f"| {row['temperature']:g} | {row['N']} | {row['estimator']} | {row['mse']:.3g} "
+                   f"| {row['relative_mse']:.3g} | {ratio} | {row['cpu_seconds']:.3f} | {row['mse_x_cpu_seconds']:.3g} |")
+    return "\n".join(out)
 
 
 if __name__ == "__main__":

@@ -183,10 +183,16 @@ def cli() -> str:
 
 
 def _machine(m: dict) -> str:
+    """One line: CPU (cores, memory; the flags that decide pgrank's CPU backends), GPU, Python and library versions."""
+    from machine import FLAGS  # bench/machine.py
+
     gpu = f", {m['gpu']} ({m.get('cuda') and 'CUDA ' + m['cuda']})" if m.get("gpu") else ""
-    libs = ", ".join(f"{k} {v}" for k, v in sorted(m.get("libraries", {}).items()))
-    flags = " ".join(m.get("cpu_flags", []))
-    return f"{m.get('cpu')} ({m.get('cores')} cores, {m.get('memory_gib')} GiB; {flags}){gpu}; Python {m.get('python')}; {libs}"
+    versions = dict(m.get("libraries") or m.get("versions") or {})
+    python = m.get("python") or versions.pop("python", None)
+    libs = ", ".join(f"{k} {v}" for k, v in sorted(versions.items()))
+    flags = " ".join(f for f in m.get("cpu_flags", []) if f in FLAGS)
+    memory = m.get("memory_gib") or m.get("ram_gib")
+    return f"{m.get('cpu')} ({m.get('cores')} cores, {memory} GiB; {flags}){gpu}; Python {python}; {libs}"
 
 
 def benchmarks(folder: Path = ROOT / "bench" / "out") -> str:
@@ -195,6 +201,9 @@ def benchmarks(folder: Path = ROOT / "bench" / "out") -> str:
            "Every figure here is read from a record under `bench/out/`, which a `bench/*.py` script wrote together",
            "with the machine it ran on; this page is generated from them by `python docs/generate.py`. Rerun a",
            "script to measure your own machine (the command is given with each record).", ""]
+    bench = str(ROOT / "bench")
+    if bench not in sys.path:
+        sys.path.insert(0, bench)  # bench/machine.py, bench/record.py: the scripts' neighbours
     records = sorted(Path(folder).glob("*.json"))
     if not records:
         return "\n".join(out + ["No benchmark has been recorded yet.", ""])
