@@ -182,8 +182,15 @@ def cli() -> str:
 # --------------------------------------------------------------------------------------- benchmarks
 
 
+def _bench_on_path() -> None:
+    """``bench/`` importable: the scripts import their neighbours (``bench/record.py``, ``bench/machine.py``)."""
+    if str(ROOT / "bench") not in sys.path:
+        sys.path.insert(0, str(ROOT / "bench"))
+
+
 def _machine(m: dict) -> str:
     """One line: CPU (cores, memory; the flags that decide pgrank's CPU backends), GPU, Python and library versions."""
+    _bench_on_path()
     from machine import FLAGS  # bench/machine.py
 
     gpu = f", {m['gpu']} ({m.get('cuda') and 'CUDA ' + m['cuda']})" if m.get("gpu") else ""
@@ -201,9 +208,6 @@ def benchmarks(folder: Path = ROOT / "bench" / "out") -> str:
            "Every figure here is read from a record under `bench/out/`, which a `bench/*.py` script wrote together",
            "with the machine it ran on; this page is generated from them by `python docs/generate.py`. Rerun a",
            "script to measure your own machine (the command is given with each record).", ""]
-    bench = str(ROOT / "bench")
-    if bench not in sys.path:
-        sys.path.insert(0, bench)  # bench/machine.py, bench/record.py: the scripts' neighbours
     records = sorted(Path(folder).glob("*.json"))
     if not records:
         return "\n".join(out + ["No benchmark has been recorded yet.", ""])
@@ -224,8 +228,7 @@ def _render(record: dict) -> str:
     if record.get("markdown"):
         return record["markdown"]
     script = ROOT / record["command"].split()[1]  # python bench/NAME.py ...
-    if str(script.parent) not in sys.path:
-        sys.path.insert(0, str(script.parent))  # the scripts import their neighbours (bench/record.py, bench/machine.py)
+    _bench_on_path()
     spec = importlib.util.spec_from_file_location(f"_bench_{script.stem}", script)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
