@@ -16,7 +16,7 @@ For each fraction ``f`` (default 0.01, 0.03, 0.1):
 4. reads every stage process's own wall time and peak RSS from its log line
    (``pgrank: <stage>: wall X s, peak RSS Y MiB``) and the sizes of what it wrote;
 5. measures BM25 mining side by side in one process on the same queries: the batched path the
-   ``mine`` stage runs against the per-query loop pgrank used before (score the whole corpus for one
+   ``mine`` stage runs against a per-query loop (score the whole corpus for one
    query, then the run order's top k over the corpus).
 
 Then it fits, per stage, peak RSS = a + b f and wall = c f^p over the fractions, writes ``bench/out/scale.json``
@@ -53,7 +53,7 @@ from synthetic_msmarco import DEV_QUERIES, PASSAGES, TRAIN_QUERIES, write_datase
 
 RESOURCES = re.compile(r"pgrank: (?P<name>.+?): wall (?P<wall>[\d.]+) s, peak RSS (?P<rss>\d+) MiB")
 RUNNING = re.compile(r"Running stage '(?P<stage>[^']+)'")
-BASELINE_QUERIES = 200  # queries of the old per-query loop (it is the slow one)
+BASELINE_QUERIES = 200  # queries of the per-query baseline loop (it is the slow one)
 TITLE = "Scale rehearsal: the real pipeline through dvc repro on a synthetic MS MARCO at fractions of its size"
 
 
@@ -121,7 +121,7 @@ def disk(path: Path) -> int:
 
 
 def bm25_side_by_side(ws: Path, sample: int) -> dict:
-    """Queries a second of the ``mine`` stage's batched BM25 search against the old per-query loop."""
+    """Queries a second of the ``mine`` stage's batched BM25 search against a per-query baseline loop."""
     from pgrank.config import load_params
     from pgrank.data.beir import load_topics
     from pgrank.data.runs import top_k
@@ -150,7 +150,7 @@ def bm25_side_by_side(ws: Path, sample: int) -> dict:
     everyone = np.arange(index.num_docs)[None, :]
     n = min(BASELINE_QUERIES, len(texts))
     t = time.perf_counter()
-    for i in range(n):  # pgrank's loop before: the whole corpus scored, then the top k over all of it
+    for i in range(n):  # the baseline: the whole corpus scored, then the top k over all of it
         old_s, old_r = top_k(index.scores(encoded[i])[None, :], everyone, index.ranks, k)
         assert np.array_equal(old_r[0], new_r[i]) and np.array_equal(old_s[0], new_s[i])  # the same runs
     old = n / (time.perf_counter() - t)

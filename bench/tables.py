@@ -6,7 +6,7 @@ Input: a full-size synthetic results set in a temporary project, shaped like the
 eval sets x 6 systems (``params.yaml`` as committed: 4 comparison systems and 2 policies) x 2 stages,
 plus the epoch ablation's ``pgrank-X@2`` (rerank), significance in every PG-Rank file, and a training
 curve of paper size per warm start (6 epochs x ``--steps-per-epoch`` steps). No BEIR folder, so the
-statistics table shows "—" on our side (counting the MS MARCO corpus is I/O, not table making).
+statistics table shows "—" on pgrank's side (counting the MS MARCO corpus is I/O, not table making).
 
     python bench/tables.py --repeats 3
     python bench/tables.py --formats md,tex      # without the PNG figures

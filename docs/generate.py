@@ -182,11 +182,24 @@ def cli() -> str:
 # --------------------------------------------------------------------------------------- benchmarks
 
 
+def _bench_on_path() -> None:
+    """``bench/`` importable: the scripts import their neighbours (``bench/record.py``, ``bench/machine.py``)."""
+    if str(ROOT / "bench") not in sys.path:
+        sys.path.insert(0, str(ROOT / "bench"))
+
+
 def _machine(m: dict) -> str:
+    """One line: CPU (cores, memory; the flags that decide pgrank's CPU backends), GPU, Python and library versions."""
+    _bench_on_path()
+    from machine import FLAGS  # bench/machine.py
+
     gpu = f", {m['gpu']} ({m.get('cuda') and 'CUDA ' + m['cuda']})" if m.get("gpu") else ""
-    libs = ", ".join(f"{k} {v}" for k, v in sorted(m.get("libraries", {}).items()))
-    flags = " ".join(m.get("cpu_flags", []))
-    return f"{m.get('cpu')} ({m.get('cores')} cores, {m.get('memory_gib')} GiB; {flags}){gpu}; Python {m.get('python')}; {libs}"
+    versions = dict(m.get("libraries") or m.get("versions") or {})
+    python = m.get("python") or versions.pop("python", None)
+    libs = ", ".join(f"{k} {v}" for k, v in sorted(versions.items()))
+    flags = " ".join(f for f in m.get("cpu_flags", []) if f in FLAGS)
+    memory = m.get("memory_gib") or m.get("ram_gib")
+    return f"{m.get('cpu')} ({m.get('cores')} cores, {memory} GiB; {flags}){gpu}; Python {python}; {libs}"
 
 
 def benchmarks(folder: Path = ROOT / "bench" / "out") -> str:
@@ -215,8 +228,7 @@ def _render(record: dict) -> str:
     if record.get("markdown"):
         return record["markdown"]
     script = ROOT / record["command"].split()[1]  # python bench/NAME.py ...
-    if str(script.parent) not in sys.path:
-        sys.path.insert(0, str(script.parent))  # the scripts import their neighbours (bench/record.py, bench/machine.py)
+    _bench_on_path()
     spec = importlib.util.spec_from_file_location(f"_bench_{script.stem}", script)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -2,7 +2,7 @@
 
 The package is laid out as the pipeline (``dvc.yaml``): ``core`` (the pure math), ``data`` (download),
 ``models``, ``retrieval/<kind>``, ``mining``, ``training``, ``evaluation``, ``reporting`` and ``pipeline``,
-over the top-level ``config``, ``paths``, ``errors``, ``atomic`` and ``tracking``. See README.md.
+over the top-level ``config``, ``paths``, ``errors``, ``atomic`` and ``tracking``. See docs/architecture.md.
 """
 
 __version__ = "0.1.0"

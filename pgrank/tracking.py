@@ -193,7 +193,7 @@ def log_artifact(run: Any, path: str, artifact_path: str | None = None) -> None:
 
 def model_requirements() -> list[str]:
     """The pinned packages a logged sentence-transformers model needs. Given explicitly: MLflow would
-    otherwise infer them by loading the model again in a subprocess (about 18 s per training run here)."""
+    otherwise infer them by loading the model again in a subprocess (seconds per training run)."""
     from importlib.metadata import version
 
     return [f"{name}=={version(name).split('+')[0]}" for name in ("sentence-transformers", "transformers", "torch")]

@@ -4,7 +4,7 @@ A backend other than ``torch`` computes slightly different embeddings (bf16 prod
 whether that costs ranking quality is measured, not assumed: each backend encodes each evaluation set's
 whole corpus into its own corpus-embedding artifact (:func:`pgrank.models.backends.embedding_key`),
 searches it first stage (``evaluate.top_k``), and is scored with pytrec_eval like any system. The
-bounds (issue 12): ``onnx`` and ``torch-bf16`` within 0.005 of torch fp32, ``onnx-int8`` within 0.01.
+bounds: ``onnx`` and ``torch-bf16`` within 0.005 of torch fp32, ``onnx-int8`` within 0.01.
 Used by ``bench/backends.py`` (prints) and by the slow test ``tests/evaluation/test_backend_quality.py``
 (asserts the bounds).
 

@@ -126,7 +126,7 @@ _TEX = {
 
 
 def tex_escape(text: str) -> str:
-    """``text`` with LaTeX's special characters (and the few Unicode signs we print) escaped."""
+    """``text`` with LaTeX's special characters (and the few Unicode signs pgrank prints) escaped."""
     return "".join(_TEX.get(ch, ch) for ch in text)
 
 

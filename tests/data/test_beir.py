@@ -189,5 +189,5 @@ def test_write_qrels_round_trips(tmp_path):
     write_qrels(tmp_path / "x.tsv", qrels)
     assert load_qrels(tmp_path / "x.tsv") == qrels
     beir = GenericDataLoader(data_folder=str(tmp_path), qrels_file=str(tmp_path / "x.tsv"))
-    beir._load_qrels()  # BEIR reads the file we wrote into its own qrels (the method returns nothing)
+    beir._load_qrels()  # BEIR reads the file the test wrote into its own qrels (the method returns nothing)
     assert beir.qrels == qrels

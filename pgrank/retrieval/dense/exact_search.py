@@ -92,7 +92,7 @@ def _new_index(dim: int, use_gpu: bool):
 def _faiss_block(index, queries: np.ndarray, block: np.ndarray, k: int) -> Iterator[tuple[slice, np.ndarray, np.ndarray]]:
     """Top ``k`` of one block for all queries at once, with FAISS's choice among scores tied at the cut-off undone.
 
-    FAISS keeps an arbitrary subset of the documents tied at the k-th score. We ask for one more
+    FAISS keeps an arbitrary subset of the documents tied at the k-th score. The search asks for one more
     than needed; rows whose k-th and (k+1)-th scores tie are searched again with a deeper cut-off
     until the tie ends inside the result.
     """

@@ -1,0 +1,93 @@
+"""The documentation: generated pages equal what the code generates, a short README that starts with its two
+commands, no development-process language in any tracked text file, and a strict MkDocs build."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+
+# The README's two commands, verbatim: .ci/run runs the line ending in "# tests", and
+# tests/pipeline/test_dvc_pipeline.py the line ending in "# demo".
+DEMO = ("pip install torch==2.13.0 && pip install -e '.[cpu,dev]' && "
+        "PGRANK_BEIR_MIRROR=../shared/data/beir pgrank demo   # demo")
+TESTS = "pip install torch==2.13.0 && pip install -e '.[cpu,dev]' && python -m pytest   # tests"
+
+TEXT_SUFFIXES = {".py", ".md", ".yaml", ".yml", ".toml", ".txt", ".cfg", ".ini", ".sh", ".tex", ".csv", ".tsv", ""}
+# Not prose about the project: benchmark records keep the date and load of the run they record; the check's own
+# pattern and its examples name what they catch.
+NOT_CHECKED = ("bench/out/", "docs/hooks.py", "tests/test_docs.py")
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"_docs_{name}", DOCS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_generated_pages_equal_what_the_code_generates():
+    generate = _load("generate")
+    for page, text in generate.generate().items():
+        committed = (DOCS / page).read_text(encoding="utf-8")
+        assert committed == text, f"docs/{page} is stale: run `python docs/generate.py`"
+
+
+def test_the_readme_is_short_and_starts_with_its_two_commands():
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 150, f"README.md has {len(lines)} lines"
+    fence = lines.index("```bash")
+    assert lines[fence + 1: fence + 3] == [DEMO, TESTS]
+    assert all(line.startswith("#") or not line.strip() for line in lines[:fence])  # nothing before them but the title
+
+
+@pytest.mark.parametrize("text", ["I measured two", "measured 23 Nov 2026", "on the AVX2 host", "this AMX host",
+                                  "an earlier session's host", "on branch fix-13", "(issue 12)", "Across hosts:"])
+def test_development_process_language_is_caught(text):
+    assert _load("hooks").process_language(text)
+
+
+@pytest.mark.parametrize("text", ["I/O only", "my-model/pytorch_model.bin", "PID 1234 on host (since 2026-11-23)",
+                                  "a Prefect session", "a session and process group of its own", "Table I"])
+def test_prose_about_the_project_is_not_caught(text):
+    assert not _load("hooks").process_language(text)
+
+
+def test_no_tracked_text_speaks_of_how_the_project_was_developed():
+    process_language = _load("hooks").process_language
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    if not files:
+        pytest.skip("not a git checkout: no tracked files to read")
+    hits = []
+    for name in files.split("\0"):
+        path = ROOT / name
+        if not name or name.startswith(NOT_CHECKED) or path.suffix not in TEXT_SUFFIXES or not path.is_file():
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            continue
+        hits += [f"{name}:{line}: {words!r}" for line, words in process_language(text)]
+    assert not hits, "development-process language:\n" + "\n".join(hits)
+
+
+def test_the_site_builds_strictly(tmp_path):
+    if importlib.util.find_spec("mkdocs") is None or importlib.util.find_spec("material") is None:
+        pytest.skip("mkdocs-material is not installed (the dev extra installs it)")
+    result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+                            cwd=ROOT, capture_output=True, text=True, env={**_env(), "NO_MKDOCS_2_WARNING": "1"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (tmp_path / "site" / "index.html").is_file()
+    assert (tmp_path / "site" / "retraining" / "index.html").is_file()
+
+
+def _env() -> dict[str, str]:
+    import os
+
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
