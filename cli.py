@@ -71,6 +71,23 @@ def _absolute_mirror() -> None:
     absolute_mirror_env()
 
 
+def _stderr_handler():
+    """A handler that writes to whatever ``sys.stderr`` is when a record is written: one that kept the stream of its
+    first call would write to a closed file after a caller (a test's capture, a notebook) swapped ``sys.stderr``."""
+    import logging
+
+    class StderrHandler(logging.StreamHandler):
+        @property
+        def stream(self):
+            return sys.stderr
+
+        @stream.setter
+        def stream(self, _value) -> None:
+            pass
+
+    return StderrHandler()
+
+
 class _LogFormat:
     """``pgrank: <message>`` for pgrank's own records; ``LEVEL:logger:message`` (logging's default) for a library's."""
 
@@ -89,7 +106,7 @@ def _log_to_stderr() -> None:
 
     root = logging.getLogger()
     if not any(isinstance(h.formatter, _LogFormat) for h in root.handlers):
-        handler = logging.StreamHandler()
+        handler = _stderr_handler()
         handler.setFormatter(_LogFormat())
         root.addHandler(handler)
     logging.getLogger("pgrank").setLevel(logging.INFO)

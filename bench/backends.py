@@ -7,7 +7,8 @@
    whole SciFact and NFCorpus corpora into its own artifact and is evaluated first stage; nDCG@10 and
    the difference to torch fp32 against the bounds (0.005; onnx-int8 0.01).
 
-Prints; asserts nothing. The datasets come from ``$PGRANK_BEIR_MIRROR`` (or BEIR's server). Usage::
+Writes ``bench/out/backends.json`` (``--out``; with the machine) and prints its tables; asserts nothing. The datasets
+come from ``$PGRANK_BEIR_MIRROR`` (or BEIR's server). Usage::
 
     PGRANK_BEIR_MIRROR=../shared/data/beir python bench/backends.py --work /tmp/backends
     python bench/backends.py --work /tmp/backends --skip-quality --docs 1000
@@ -22,7 +23,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from record import add_out_option, new_record, save, table  # noqa: E402
+
 ALL = ["torch", "torch-bf16", "onnx", "onnx-int8"]
+TITLE = "Inference backends on the CPU: encoding throughput, and nDCG@10 against torch fp32"
 
 
 def throughput(params, paths, model: str, texts: list[str], backends: list[str], repeats: int, batch: int) -> dict:
@@ -38,7 +42,7 @@ def throughput(params, paths, model: str, texts: list[str], backends: list[str],
             encoder.encode_document(texts, batch_size=batch)
             best = min(best, time.perf_counter() - start)
         rates[backend] = len(texts) / best
-        print(f"  {backend:<11} {rates[backend]:7.1f} docs/s  x{rates[backend] / rates[backends[0]]:.2f}", flush=True)
+        print(f"  {backend:<11} {rates[backend]:7.1f} docs/s", flush=True)
     return rates
 
 
@@ -61,6 +65,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--eval-sets", nargs="+", default=["scifact/test", "nfcorpus/test"])
     ap.add_argument("--skip-quality", action="store_true")
+    add_out_option(ap, __file__)
     args = ap.parse_args()
 
     root = Path(__file__).resolve().parents[1]
@@ -71,24 +76,46 @@ def main() -> None:
     datasets = sorted({s.partition("/")[0] for s in args.eval_sets} | {"scifact"})
     download(params, paths, datasets, config_dir=root, progress=False)
     flags = cpu_flags()
-    print(f"CPU: {torch.get_num_threads()} threads, amx_bf16={'amx_bf16' in flags}, "
-          f"avx512_vnni={'avx512_vnni' in flags}; int8 for {int8_isa(flags)}; auto -> {auto_inference_backend('cpu', flags)}")
+    record = new_record(TITLE)
+    record.update(model=args.model, threads=torch.get_num_threads(), amx_bf16="amx_bf16" in flags,
+                  avx512_vnni="avx512_vnni" in flags, int8_isa=int8_isa(flags), auto=auto_inference_backend("cpu", flags))
 
     store = open_corpus(paths, "scifact")
     _, texts = next(store.text_blocks(0, min(args.docs, len(store)), block=args.docs))
-    print(f"throughput: {len(texts)} SciFact passages, 256 tokens, batch {args.batch_size}, best of {args.repeats}")
-    throughput(params, paths, args.model, texts, args.backends, args.repeats, args.batch_size)
-    if args.skip_quality:
-        return
-    print("quality: first-stage nDCG@10, whole corpora, against torch fp32")
-    rows = compare_backends(params, paths, args.model, args.eval_sets, args.backends)
-    base = {r.eval_set: r.ndcg_at_10 for r in rows if r.backend == "torch"}
-    print("| backend | eval set | nDCG@10 | vs torch | bound | corpus docs/s |\n|---|---|---:|---:|---:|---:|")
-    for r in rows:
-        delta = r.ndcg_at_10 - base[r.eval_set] if r.eval_set in base else float("nan")
-        rate = f"{r.docs_per_second:.1f}" if r.docs_per_second else "(cached)"
-        ok = "ok" if abs(delta) <= BOUNDS[r.backend] + 1e-12 else "MISSED"
-        print(f"| {r.backend} | {r.eval_set} | {r.ndcg_at_10:.4f} | {delta:+.4f} | {BOUNDS[r.backend]} {ok} | {rate} |")
+    print(f"  throughput: {len(texts)} SciFact passages", flush=True)
+    rates = throughput(params, paths, args.model, texts, args.backends, args.repeats, args.batch_size)
+    record["throughput"] = {"passages": len(texts), "tokens": 256, "batch": args.batch_size, "repeats": args.repeats,
+                            "backends": [{"backend": b, "docs_per_s": r} for b, r in rates.items()]}
+    if not args.skip_quality:
+        print("  quality: first-stage nDCG@10, whole corpora", flush=True)
+        rows = compare_backends(params, paths, args.model, args.eval_sets, args.backends)
+        record["quality"] = [{"backend": r.backend, "eval_set": r.eval_set, "ndcg_at_10": r.ndcg_at_10,
+                              "bound": BOUNDS[r.backend], "docs_per_s": r.docs_per_second} for r in rows]
+    save(record, args.out, render)
+
+
+def render(record: dict) -> str:
+    """The record as the Markdown the script prints."""
+    r, t = record, record["throughput"]
+    first = t["backends"][0]
+    out = [f"CPU: {r['threads']} threads, amx_bf16={r['amx_bf16']}, avx512_vnni={r['avx512_vnni']}; int8 for "
+           f"{r['int8_isa']}; auto -> {r['auto']}", "",
+           f"throughput: {r['model']}, {t['passages']} SciFact passages, {t['tokens']} tokens, batch {t['batch']}, best "
+           f"of {t['repeats']}:", ""]
+    out += table(["backend", "docs/s", f"x {first['backend']}"],
+                 [[b["backend"], f"{b['docs_per_s']:.1f}", f"{b['docs_per_s'] / first['docs_per_s']:.2f}"]
+                  for b in t["backends"]], "lrr")
+    if r.get("quality"):
+        base = {q["eval_set"]: q["ndcg_at_10"] for q in r["quality"] if q["backend"] == "torch"}
+        rows = []
+        for q in r["quality"]:
+            delta = q["ndcg_at_10"] - base[q["eval_set"]] if q["eval_set"] in base else float("nan")
+            ok = "ok" if abs(delta) <= q["bound"] + 1e-12 else "MISSED"
+            rate = f"{q['docs_per_s']:.1f}" if q["docs_per_s"] else "(cached)"
+            rows.append([q["backend"], q["eval_set"], f"{q['ndcg_at_10']:.4f}", f"{delta:+.4f}", f"{q['bound']} {ok}", rate])
+        out += ["", "quality: first-stage nDCG@10, whole corpora, against torch fp32", ""]
+        out += table(["backend", "eval set", "nDCG@10", "vs torch", "bound", "corpus docs/s"], rows, "llrrrr")
+    return "\n".join(out)
 
 
 if __name__ == "__main__":

@@ -7,13 +7,14 @@ grid (one seed, the profile's epochs and batches), validating on scifact's carve
 gets the next rate up (down) by 3x, at most ``--extend`` times, so that no choice sits on the grid's edge. The datasets, corpus embeddings and training
 candidate sets are built once and shared by every run; the runs differ only in the loss and its rate.
 
-Prints a Markdown table (validation nDCG@10 per loss and rate, the seconds each run took) and the
-``train.learning_rates`` mapping to put into ``profiles/compare.yaml``.
+Writes ``bench/out/compare_lr.json`` (``--out``; with the machine) and prints a Markdown table (validation nDCG@10
+per loss and rate, the seconds each run took) and the ``train.learning_rates`` mapping to put into
+``profiles/compare.yaml``.
 
 Usage::
 
     python bench/compare_lr.py --work /tmp/lr [--mirror ../shared/data/beir] \
-        [--rates 1e-5 3e-5 1e-4] [--extend 2] [--objectives pg listnet] [--out bench/out/compare_lr.md]
+        [--rates 1e-5 3e-5 1e-4] [--extend 2] [--objectives pg listnet] [--out bench/out/compare_lr.json]
 """
 
 from __future__ import annotations
@@ -24,8 +25,11 @@ import os
 import time
 from pathlib import Path
 
+from record import add_out_option, new_record, save, table
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ("datasets", "splits", "training-sets")  # built once, linked into every run's root
+TITLE = "Each objective's learning rate for the compare profile, chosen on scifact's validation split"
 
 
 def _params(work: Path, mirror: str, root: Path, extra: list[str]):
@@ -43,10 +47,11 @@ def main() -> None:
     parser.add_argument("--rates", type=float, nargs="+", default=[1e-5, 3e-5, 1e-4])
     parser.add_argument("--objectives", nargs="+", default=None, help="default: the profile's train.objectives")
     parser.add_argument("--extend", type=int, default=2, help="times the grid may grow past an edge (x3 or /3 each)")
-    parser.add_argument("--out", type=Path, default=None)
+    add_out_option(parser, __file__)
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+    from pgrank.atomic import write_json
     from pgrank.download.stage import download
     from pgrank.mining.candidate_sets import mine_splits, training_targets
     from pgrank.paths import Paths
@@ -60,7 +65,8 @@ def main() -> None:
     started = time.perf_counter()
     download(params, paths, progress=False)
     mine_splits(params, paths, training_targets(params), progress=False)
-    print(f"shared setup: {time.perf_counter() - started:.0f} s", flush=True)
+    setup_seconds = time.perf_counter() - started
+    print(f"shared setup: {setup_seconds:.0f} s", flush=True)
 
     def run(objective: str, rate: float) -> tuple[float, float, float]:
         """Validation nDCG@10 after the last epoch, its gain over the warm start, and the run's seconds
@@ -70,16 +76,16 @@ def main() -> None:
         for name in SHARED:
             if not (root / name).exists():
                 (root / name).symlink_to(base_root / name)
-        record = root / "grid-result.json"
-        if record.is_file():
-            return tuple(json.loads(record.read_text()))
+        cached = root / "grid-result.json"
+        if cached.is_file():
+            return tuple(json.loads(cached.read_text()))
         p = _params(work, args.mirror, root, [f"train.objectives=[{objective}]",
                                               f"train.learning_rates={{{objective}: {rate}}}"])
         t0 = time.perf_counter()
         result = train(p, Paths.from_config(p.paths), "minilm", objective=objective, device="cpu", progress=False)
         seconds = time.perf_counter() - t0
         first, last = result.history[0]["val_ndcg@10"], result.history[-1]["val_ndcg@10"]
-        record.write_text(json.dumps([last, last - first, seconds]))
+        write_json(cached, [last, last - first, seconds])
         print(json.dumps({"objective": objective, "rate": rate, "val_ndcg@10": last, "gain": last - first,
                           "seconds": round(seconds)}), flush=True)
         return last, last - first, seconds
@@ -97,23 +103,35 @@ def main() -> None:
             step = float(f"{best * 3:.0e}") if best == max(by_rate) else float(f"{best / 3:.0e}")
             by_rate[step] = run(objective, step)
 
-    rates = sorted({r for by_rate in results.values() for r in by_rate})
-    lines = ["| objective | " + " | ".join(f"lr {r:g}" for r in rates) + " | chosen |",
-             "| --- | " + " | ".join("---:" for _ in rates) + " | ---: |"]
-    chosen = {}
-    for objective, by_rate in results.items():
-        chosen[objective] = max(by_rate, key=lambda r: by_rate[r][0])
-        cells = [f"{v:.4f} ({g:+.4f}, {s:.0f} s)" if r in by_rate else "" for r in rates
-                 for v, g, s in [by_rate.get(r, (0, 0, 0))]]
-        lines.append(f"| {objective} | " + " | ".join(cells) + f" | {chosen[objective]:g} |")
-    lines += ["", "Cells: scifact validation nDCG@10 after the last epoch (gain over the warm start, wall time of "
-              "the run). train.learning_rates for profiles/compare.yaml:",
-              "{" + ", ".join(f"{o}: {r:g}" for o, r in chosen.items()) + "}"]
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    record = new_record(TITLE)
+    record.update(profile="compare", grid=args.rates, extend=args.extend, objectives=list(results),
+                  setup_seconds=setup_seconds, **grid_results(results))
+    save(record, args.out, render)
+
+
+def grid_results(results: dict[str, dict[float, tuple[float, float, float]]]) -> dict:
+    """``{objective: {rate: (validation nDCG@10, gain over the warm start, seconds)}}`` as the record holds it: every
+    run, and per objective the rate with the best validation nDCG@10."""
+    runs = [{"objective": objective, "rate": rate, "val_ndcg_at_10": v, "gain": g, "seconds": s}
+            for objective, by_rate in results.items() for rate, (v, g, s) in sorted(by_rate.items())]
+    chosen = {objective: max(by_rate, key=lambda r: by_rate[r][0]) for objective, by_rate in results.items()}
+    return {"runs": runs, "chosen": chosen}
+
+
+def render(record: dict) -> str:
+    """The record as the Markdown table and mapping the script prints."""
+    rates = sorted({run["rate"] for run in record["runs"]})
+    cell = {(run["objective"], run["rate"]): run for run in record["runs"]}
+    rows = []
+    for objective in record["objectives"]:
+        runs = [cell.get((objective, r)) for r in rates]
+        rows.append([objective, *(f"{x['val_ndcg_at_10']:.4f} ({x['gain']:+.4f}, {x['seconds']:.0f} s)" if x else ""
+                                  for x in runs), f"{record['chosen'][objective]:g}"])
+    return "\n".join([
+        *table(["objective", *(f"lr {r:g}" for r in rates), "chosen"], rows, "l" + "r" * (len(rates) + 1)), "",
+        "Cells: scifact validation nDCG@10 after the last epoch (gain over the warm start, wall time of the run). "
+        "train.learning_rates for profiles/compare.yaml:",
+        "{" + ", ".join(f"{o}: {record['chosen'][o]:g}" for o in record["objectives"]) + "}"])
 
 
 if __name__ == "__main__":

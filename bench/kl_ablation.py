@@ -10,12 +10,13 @@ and shared by every run (the runs differ only in training).
 
 Tuning uses validation figures only: the printed ``chosen`` row is the setting with the best
 in-domain validation gain among those whose nfcorpus/dev loss stays within the margin. The test
-columns are reported, never used for choosing.
+columns are reported, never used for choosing. Writes ``bench/out/kl_ablation.json`` (``--out``; with the machine)
+and prints the table.
 
 Usage::
 
     python bench/kl_ablation.py --work /tmp/kl [--mirror ../shared/data/beir] \
-        [--coefs 0 0.1 1 10] [--kinds top1 ranking] [--out bench/out/kl_ablation.md]
+        [--coefs 0 0.1 1 10] [--kinds top1 ranking] [--out bench/out/kl_ablation.json]
 """
 
 from __future__ import annotations
@@ -26,8 +27,12 @@ import os
 import time
 from pathlib import Path
 
+from record import add_out_option, new_record, save, table
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ("datasets", "splits", "training-sets", "candidates")  # built once, linked into every run's root
+COLUMNS = ["scifact/rerank", "scifact/full", "nfcorpus/rerank", "nfcorpus/full"]  # test nDCG@10 reported per run
+TITLE = "The KL regulariser's trade-off on the demo: in-domain gain against out-of-domain loss"
 
 
 def _params(work: Path, mirror: str, root: Path, ood: list[str], extra: list[str]):
@@ -40,12 +45,13 @@ def _params(work: Path, mirror: str, root: Path, ood: list[str], extra: list[str
 
 
 def _metrics(paths, system: str) -> dict:
+    """``{column: {"ndcg_at_10": test nDCG@10, "p": p against the warm start or None}}``."""
     out = {}
-    for dataset in ("scifact", "nfcorpus"):
-        for stage in ("rerank", "full"):
-            record = json.loads((paths.results(system, dataset, "test", stage) / "metrics.json").read_text())
-            p = (record.get("significance") or {}).get("p_values", {}).get("ndcg@10")
-            out[f"{dataset}/{stage}"] = (record["metrics"]["ndcg@10"], p)
+    for column in COLUMNS:
+        dataset, stage = column.split("/")
+        metrics = json.loads((paths.results(system, dataset, "test", stage) / "metrics.json").read_text())
+        p = (metrics.get("significance") or {}).get("p_values", {}).get("ndcg@10")
+        out[column] = {"ndcg_at_10": metrics["metrics"]["ndcg@10"], "p": p}
     return out
 
 
@@ -58,7 +64,7 @@ def main() -> None:
     parser.add_argument("--margin", type=float, default=0.005)
     parser.add_argument("--ood", nargs="+", default=["nfcorpus/dev"],
                         help="out-of-domain validation sets (never a test split)")
-    parser.add_argument("--out", type=Path, default=None)
+    add_out_option(parser, __file__)
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -81,11 +87,12 @@ def main() -> None:
     mine_splits(params, paths, validation_targets(params), progress=False, training=True)
     for dataset in ("scifact", "nfcorpus"):
         evaluate_dataset(params, paths, "minilm", dataset)
-    print(f"shared setup: {time.perf_counter() - started:.0f} s", flush=True)
+    setup_seconds = time.perf_counter() - started
+    print(f"shared setup: {setup_seconds:.0f} s", flush=True)
     warm = _metrics(paths, "minilm")
 
     configs = [("top1", 0.0)] + [(k, c) for k in args.kinds for c in args.coefs if c > 0]
-    rows = []
+    runs = []
     for kind, coef in configs:
         label = "none" if coef == 0 else f"{kind} {coef:g}"
         root = work / "runs" / label.replace(" ", "-")
@@ -106,39 +113,46 @@ def main() -> None:
         for dataset in ("scifact", "nfcorpus"):
             evaluate_dataset(p, run_paths, "pgrank-minilm", dataset)  # the guarded selection
             evaluate(p, run_paths, f"pgrank-minilm@{last}", f"{dataset}/test", ["rerank", "full"])
-        run_rows = {}
         for rule, system in (("last", f"pgrank-minilm@{last}"), ("guarded", "pgrank-minilm")):
             chosen = last if rule == "last" else select_epoch(result.history, args.ood, p.train.selection)
             row = next(r for r in result.history if r["epoch"] == chosen)
-            run_rows[rule] = {"epoch": chosen, "seconds": round(seconds), "test": _metrics(run_paths, system),
-                              "val_in": row["val_ndcg@10"] - result.history[0]["val_ndcg@10"],
-                              "val_ood": {s: row[set_key(s)] - result.history[0][set_key(s)] for s in args.ood}}
-            print(label, rule, json.dumps(run_rows[rule]), flush=True)
-        rows.append((label, run_rows))
+            run = {"kl": label, "rule": rule, "epoch": chosen, "seconds": seconds, "test": _metrics(run_paths, system),
+                   "val_in": row["val_ndcg@10"] - result.history[0]["val_ndcg@10"],
+                   "val_ood": {s: row[set_key(s)] - result.history[0][set_key(s)] for s in args.ood}}
+            print(label, rule, json.dumps(run), flush=True)
+            runs.append(run)
 
-    cols = ["scifact/rerank", "scifact/full", "nfcorpus/rerank", "nfcorpus/full"]
-    lines = ["| KL | policy epoch | val scifact Δ | " + " | ".join(f"val {s} Δ" for s in args.ood) + " | "
-             + " | ".join(f"test {c}" for c in cols) + " |",
-             "| --- | --- | ---: | " + " | ".join("---:" for _ in [*args.ood, *cols]) + " |",
-             "| (warm start) | 0 | | " + " | ".join("" for _ in args.ood) + " | " + " | ".join(f"{warm[c][0]:.4f}" for c in cols) + " |"]
-    for label, run_rows in rows:
-        for rule, r in run_rows.items():
-            cells = []
-            for c in cols:
-                value, p = r["test"][c]
-                cells.append(f"{value:.4f} ({value - warm[c][0]:+.4f}{', p=%.2g' % p if p is not None else ''})")
-            ood = " | ".join(f"{r['val_ood'][s]:+.4f}" for s in args.ood)
-            lines.append(f"| {label} | {r['epoch']} ({rule}) | {r['val_in']:+.4f} | {ood} | " + " | ".join(cells) + " |")
-    ok = [(label, r["guarded"]) for label, r in rows if min(r["guarded"]["val_ood"].values()) >= -args.margin]
-    if ok:
-        label, r = max(ok, key=lambda x: x[1]["val_in"])
-        lines.append(f"\nchosen on validation only (best in-domain validation gain with nfcorpus/dev loss <= {args.margin}): "
-                     f"{label}, guarded epoch {r['epoch']}")
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    record = new_record(TITLE)
+    record.update(coefs=args.coefs, kinds=args.kinds, ood=args.ood, margin=args.margin, columns=COLUMNS,
+                  setup_seconds=setup_seconds, warm_start=warm, runs=runs, chosen=choose(runs, args.margin))
+    save(record, args.out, render)
+
+
+def choose(runs: list[dict], margin: float) -> dict | None:
+    """The setting chosen on validation only: the best in-domain validation gain among the guarded runs whose
+    out-of-domain validation loss stays within ``margin``."""
+    ok = [r for r in runs if r["rule"] == "guarded" and min(r["val_ood"].values()) >= -margin]
+    best = max(ok, key=lambda r: r["val_in"], default=None)
+    return None if best is None else {"kl": best["kl"], "epoch": best["epoch"]}
+
+
+def render(record: dict) -> str:
+    """The record as the Markdown table the script prints."""
+    ood, cols, warm = record["ood"], record["columns"], record["warm_start"]
+    rows = [["(warm start)", "0", "", *("" for _ in ood), *(f"{warm[c]['ndcg_at_10']:.4f}" for c in cols)]]
+    for r in record["runs"]:
+        cells = []
+        for c in cols:
+            value, p = r["test"][c]["ndcg_at_10"], r["test"][c]["p"]
+            cells.append(f"{value:.4f} ({value - warm[c]['ndcg_at_10']:+.4f}{', p=%.2g' % p if p is not None else ''})")
+        rows.append([r["kl"], f"{r['epoch']} ({r['rule']})", f"{r['val_in']:+.4f}",
+                     *(f"{r['val_ood'][s]:+.4f}" for s in ood), *cells])
+    out = table(["KL", "policy epoch", "val scifact Δ", *(f"val {s} Δ" for s in ood), *(f"test {c}" for c in cols)],
+                rows, "llr" + "r" * (len(ood) + len(cols)))
+    if chosen := record["chosen"]:
+        out += ["", f"chosen on validation only (best in-domain validation gain with {', '.join(ood)} loss <= "
+                f"{record['margin']}): {chosen['kl']}, guarded epoch {chosen['epoch']}"]
+    return "\n".join(out)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@
 3. Peak RSS (VmHWM) of a fresh child process that mines scifact test (``--rss-sources``).
 
 Data: the BEIR zips of ``--mirror`` (default: the shared offline mirror), unzipped to a temporary
-folder. Sizes are arguments so that a CPU run takes a couple of minutes::
+folder. Writes ``bench/out/mining.json`` (``--out``; with the machine) and prints its tables. Sizes are arguments so
+that a CPU run takes a couple of minutes::
 
     python bench/mining.py --docs 256 --chunk-size 64 --repeats 3
     python bench/mining.py --skip encoding,bm25 --rss-sources bm25,dense   # dense from scratch: ~5 min on 2 CPUs
@@ -32,6 +33,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from pgrank.config import load_params  # noqa: E402
 from pgrank.paths import Paths  # noqa: E402
+from record import add_out_option, new_record, save, table  # noqa: E402
+
+TITLE = "pgrank mine: corpus encoding against bare sentence-transformers, BM25 speed, peak memory"
 
 
 def unzip(mirror: Path, data: Path, names: list[str]) -> None:
@@ -41,7 +45,7 @@ def unzip(mirror: Path, data: Path, names: list[str]) -> None:
                 zf.extractall(data)
 
 
-def bench_encoding(args, params, data: Path, work: Path) -> None:
+def bench_encoding(args, params, data: Path, work: Path) -> dict:
     from pgrank.data.beir import document_text, load_corpus
     from pgrank.models.loading import load_encoder
     from pgrank.models.names import resolve_model
@@ -64,33 +68,35 @@ def bench_encoding(args, params, data: Path, work: Path) -> None:
                                 max_seq_length=args.max_seq_length, batch_size=args.batch_size,
                                 chunk_size=args.chunk_size, show_progress=False)
         mined.append(time.perf_counter() - t)
-    n = len(texts)
-    print(f"\n## Corpus encoding ({args.model}, {n} scifact docs, max_seq_length {args.max_seq_length}, "
-          f"batch {args.batch_size}, {-(-n // args.chunk_size)} shards of {args.chunk_size}, {args.device})")
-    print(f"bare SentenceTransformer.encode : {n / min(bare):8.1f} docs/s   (runs: {', '.join(f'{x:.1f}s' for x in bare)})")
-    print(f"mining path (shards, fp16)     : {n / min(mined):8.1f} docs/s   (runs: {', '.join(f'{x:.1f}s' for x in mined)})")
-    print(f"ratio mining / bare            : {min(bare) / min(mined):8.3f}   (target >= 0.95)")
+    print(f"  encoding: bare {len(texts) / min(bare):.1f} docs/s, mining path {len(texts) / min(mined):.1f} docs/s",
+          flush=True)
+    return {"model": args.model, "docs": len(texts), "max_seq_length": args.max_seq_length, "batch": args.batch_size,
+            "chunk_size": args.chunk_size, "device": args.device, "bare_s": bare, "mined_s": mined}
 
 
-def bench_bm25(args, params, data: Path) -> None:
-    from pgrank.data.beir import load_corpus, load_qrels, load_queries
-    from pgrank.retrieval.bm25.index import bm25_search, build_bm25
+def bench_bm25(args, params, data: Path, work: Path) -> dict:
+    from pgrank.data.beir import load_qrels, load_queries
+    from pgrank.data.corpus_store import open_corpus
+    from pgrank.retrieval.bm25.index import build_bm25_index
 
-    print(f"\n## BM25 (k1={params.mine.bm25.k1}, b={params.mine.bm25.b}, {params.mine.bm25.method}, "
-          f"stemmer {params.mine.bm25.stemmer}; top {args.k} of every test query)")
+    bm25 = params.mine.bm25
+    paths = Paths(root=work / "runs", data=data, embeddings=work / "embeddings")
+    out = {"k1": bm25.k1, "b": bm25.b, "method": bm25.method, "stemmer": bm25.stemmer, "k": args.k, "datasets": []}
     for name in ("scifact", "nfcorpus"):
-        corpus = load_corpus(data / name, progress=False)
+        store = open_corpus(paths, name)  # the corpus store, built untimed (it is the download's, not BM25's)
         qrels = load_qrels(data / name / "qrels" / "test.tsv")
         all_queries = load_queries(data / name)
         queries = [all_queries[q] for q in qrels]
         t = time.perf_counter()
-        index = build_bm25(corpus, params.mine.bm25)
+        index = build_bm25_index(store, bm25, work / f"bm25-{name}")
         t_index = time.perf_counter() - t
         t = time.perf_counter()
-        bm25_search(index, queries, k=args.k)
+        index.search(index.token_ids(queries), args.k)
         t_search = time.perf_counter() - t
-        print(f"{name:9s}: {len(corpus):5d} docs indexed in {t_index:6.2f}s; {len(queries)} queries searched in "
-              f"{t_search:6.2f}s ({len(queries) / t_search:7.0f} queries/s)")
+        out["datasets"].append({"dataset": name, "docs": len(store), "queries": len(queries), "index_s": t_index,
+                                "search_s": t_search})
+        print(f"  bm25 {name}: indexed in {t_index:.2f} s, searched in {t_search:.2f} s", flush=True)
+    return out
 
 
 def _peak_rss_mib() -> float:
@@ -113,25 +119,26 @@ def _mine_child(overrides: list[str], base: str, out) -> None:
     out.put(_peak_rss_mib())
 
 
-def bench_rss(args, work: Path, data: Path) -> None:
-    print("\n## Peak RSS while mining scifact test (a fresh child process, VmHWM)")
+def bench_rss(args, work: Path, data: Path) -> dict:
     ctx = mp.get_context("spawn")
+    out = {"model": args.model, "max_seq_length": args.rss_max_seq_length, "k": args.k, "sources": []}
     for source in args.rss_sources.split(","):
         overrides = [f"paths.root={work / 'runs'}", f"paths.data={data}", f"paths.embeddings={work / f'rss-emb-{source}'}",
                      f"mine.source={source}", f"mine.model={args.model}", f"mine.max_seq_length={args.rss_max_seq_length}",
                      f"mine.batch_size={args.batch_size}", f"mine.candidates={args.k}"]
-        out = ctx.Queue()
+        queue = ctx.Queue()
         t = time.perf_counter()
-        child = ctx.Process(target=_mine_child, args=(overrides, str(work), out))
+        child = ctx.Process(target=_mine_child, args=(overrides, str(work), queue))
         child.start()
         child.join()
         if child.exitcode != 0:
-            print(f"{source:6s}: the mining child failed (exit code {child.exitcode})")
+            out["sources"].append({"source": source, "exit_code": child.exitcode})
+            print(f"  rss {source}: the mining child failed (exit code {child.exitcode})", flush=True)
             continue
-        peak = out.get(timeout=10)
-        extra = f", {args.model} at max_seq_length {args.rss_max_seq_length}, from scratch" if source == "dense" else ""
-        print(f"{source:6s}: {time.perf_counter() - t:6.1f}s, peak RSS {peak:7.0f} MiB "
-              f"(5183 docs, 300 queries x {args.k} candidates{extra})")
+        peak = queue.get(timeout=10)
+        out["sources"].append({"source": source, "seconds": time.perf_counter() - t, "peak_mib": peak})
+        print(f"  rss {source}: peak {peak:.0f} MiB", flush=True)
+    return out
 
 
 def main() -> None:
@@ -149,21 +156,53 @@ def main() -> None:
                         help="comma-separated sources to mine for the RSS figure; dense encodes all 5183 docs (minutes on CPU)")
     parser.add_argument("--rss-max-seq-length", type=int, default=64, help="dense RSS run: shorter inputs keep CPU time down")
     parser.add_argument("--skip", default="", help="comma-separated parts to skip: encoding, bm25, rss")
+    add_out_option(parser, __file__)
     args = parser.parse_args()
 
     params = load_params(ROOT / "params.yaml")
     skip = set(filter(None, args.skip.split(",")))
+    record = new_record(TITLE)
+    record.update(cpus=os.cpu_count(), threads=__import__("torch").get_num_threads())
     with tempfile.TemporaryDirectory(prefix="pgrank-bench-") as tmp:
         work = Path(tmp)
         data = work / "data"
         unzip(args.mirror, data, ["scifact", "nfcorpus"])
-        print(f"# pgrank mine benchmark ({os.cpu_count()} CPUs, torch threads {__import__('torch').get_num_threads()})")
         if "encoding" not in skip:
-            bench_encoding(args, params, data, work)
+            record["encoding"] = bench_encoding(args, params, data, work)
         if "bm25" not in skip:
-            bench_bm25(args, params, data)
+            record["bm25"] = bench_bm25(args, params, data, work)
         if "rss" not in skip:
-            bench_rss(args, work, data)
+            record["rss"] = bench_rss(args, work, data)
+    save(record, args.out, render)
+
+
+def render(record: dict) -> str:
+    """The record as the Markdown the script prints."""
+    out = [f"pgrank mine benchmark ({record['cpus']} CPUs, torch threads {record['threads']})"]
+    if e := record.get("encoding"):
+        bare, mined, n = min(e["bare_s"]), min(e["mined_s"]), e["docs"]
+        out += ["", f"Corpus encoding ({e['model']}, {n} scifact docs, max_seq_length {e['max_seq_length']}, batch "
+                f"{e['batch']}, {-(-n // e['chunk_size'])} shards of {e['chunk_size']}, {e['device']}; best of "
+                f"{len(e['bare_s'])} alternating runs):", ""]
+        out += table(["path", "docs/s", "runs"], [
+            ["bare SentenceTransformer.encode", f"{n / bare:.1f}", ", ".join(f"{x:.1f}s" for x in e["bare_s"])],
+            ["mining path (shards, fp16)", f"{n / mined:.1f}", ", ".join(f"{x:.1f}s" for x in e["mined_s"])]], "lrl")
+        out += ["", f"ratio mining / bare: {bare / mined:.3f} (target >= 0.95)"]
+    if b := record.get("bm25"):
+        out += ["", f"BM25 (k1={b['k1']}, b={b['b']}, {b['method']}, stemmer {b['stemmer']}; top {b['k']} of every "
+                "test query):", ""]
+        out += table(["dataset", "docs", "index s", "queries", "search s", "queries/s"],
+                     [[d["dataset"], d["docs"], f"{d['index_s']:.2f}", d["queries"], f"{d['search_s']:.2f}",
+                       f"{d['queries'] / d['search_s']:.0f}"] for d in b["datasets"]], "lrrrrr")
+    if r := record.get("rss"):
+        dense = any(x["source"] == "dense" for x in r["sources"])
+        out += ["", f"Peak RSS while mining scifact test (a fresh child process, VmHWM; 5183 docs, 300 queries x "
+                f"{r['k']} candidates" + (f"; dense: {r['model']} at max_seq_length {r['max_seq_length']}, from "
+                                          "scratch" if dense else "") + "):", ""]
+        out += table(["source", "seconds", "peak RSS MiB"],
+                     [[x["source"], f"{x['seconds']:.1f}", f"{x['peak_mib']:.0f}"] if "peak_mib" in x
+                      else [x["source"], f"failed (exit code {x['exit_code']})", ""] for x in r["sources"]], "lrr")
+    return "\n".join(out)
 
 
 if __name__ == "__main__":

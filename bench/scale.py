@@ -19,8 +19,9 @@ For each fraction ``f`` (default 0.01, 0.03, 0.1):
    ``mine`` stage runs against the per-query loop pgrank used before (score the whole corpus for one
    query, then the run order's top k over the corpus).
 
-Then it fits, per stage, peak RSS = a + b f and wall = c f^p over the fractions, and prints the table
-with the extrapolation to f = 1. A benchmark: it measures and prints, and asserts nothing.
+Then it fits, per stage, peak RSS = a + b f and wall = c f^p over the fractions, writes ``bench/out/scale.json``
+(``--out``; with the machine) and prints the table with the extrapolation to f = 1. A benchmark: it measures and
+prints, and asserts nothing.
 
     python bench/scale.py                          # f = 0.01, 0.03, 0.1 (about an hour on 2 cores)
     python bench/scale.py --fractions 0.001        # a quick look
@@ -47,11 +48,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from record import add_out_option, new_record, save, table  # noqa: E402
 from synthetic_msmarco import DEV_QUERIES, PASSAGES, TRAIN_QUERIES, write_dataset, write_mirror  # noqa: E402
 
 RESOURCES = re.compile(r"pgrank: (?P<name>.+?): wall (?P<wall>[\d.]+) s, peak RSS (?P<rss>\d+) MiB")
 RUNNING = re.compile(r"Running stage '(?P<stage>[^']+)'")
 BASELINE_QUERIES = 200  # queries of the old per-query loop (it is the slow one)
+TITLE = "Scale rehearsal: the real pipeline through dvc repro on a synthetic MS MARCO at fractions of its size"
 
 
 def build_encoder(folder: Path, dim: int = 64) -> Path:
@@ -156,6 +159,8 @@ def bm25_side_by_side(ws: Path, sample: int) -> dict:
 
 
 def run_fraction(work: Path, fraction: float, encoder: Path, sample: int, reuse: bool = False) -> dict:
+    from pgrank.atomic import write_text
+
     done = work / f"f{fraction:g}" / "result.json"
     if reuse and done.is_file():  # measured by an earlier invocation of this script
         print(f"\n## f = {fraction:g}: measured before, {done}", flush=True)
@@ -188,13 +193,13 @@ def run_fraction(work: Path, fraction: float, encoder: Path, sample: int, reuse:
     print(f"  BM25 mining side by side ({bm25['queries']} queries): {bm25['new_qps']:.1f} vs {bm25['old_qps']:.2f} "
           f"queries/s = {bm25['ratio']:.1f}x", flush=True)
     result = {"fraction": fraction, "stats": stats, "stages": stages, "sizes": sizes, "train_pairs": pairs, "bm25": bm25}
-    done.write_text(json.dumps(result, indent=2, default=float))
+    write_text(done, json.dumps(result, indent=2, default=float))
     return result
 
 
-def fit(results: list[dict]) -> dict[str, dict]:
-    """Per stage: peak RSS = a + b f (least squares) and wall = c f^p (log-log), evaluated at f = 1."""
-    out = {}
+def fit(results: list[dict]) -> list[dict]:
+    """Per stage, in the pipeline's order: peak RSS = a + b f (least squares) and wall = c f^p (log-log), at f = 1."""
+    out = []
     stages = [s for s in results[-1]["stages"] if all(s in r["stages"] for r in results)]
     f = np.array([r["fraction"] for r in results])
     for stage in stages:
@@ -202,19 +207,29 @@ def fit(results: list[dict]) -> dict[str, dict]:
         wall = np.array([r["stages"][stage]["wall_s"] for r in results], dtype=float)
         b, a = np.polyfit(f, rss, 1) if len(f) > 1 else (0.0, rss[0])
         p, logc = np.polyfit(np.log(f), np.log(wall), 1) if len(f) > 1 else (1.0, np.log(wall[0] / f[0]))
-        out[stage] = {"rss_a": a, "rss_b": b, "rss_at_1": a + b, "wall_p": p, "wall_at_1": float(np.exp(logc))}
+        out.append({"stage": stage, "rss_a": float(a), "rss_b": float(b), "rss_at_1": float(a + b), "wall_p": float(p),
+                    "wall_at_1": float(np.exp(logc))})
     return out
 
 
-def table(results: list[dict], fits: dict[str, dict]) -> str:
-    head = "| stage | " + " | ".join(f"f={r['fraction']:g} wall / peak RSS" for r in results) + \
-           " | fit: peak RSS (MiB) | f=1: peak RSS | f=1: wall |"
-    lines = [head, "|" + " --- |" * (len(results) + 4)]
-    for stage, fitted in fits.items():
-        cells = [f"{r['stages'][stage]['wall_s']:.0f} s / {r['stages'][stage]['rss_mib']:,} MiB" for r in results]
-        lines.append(f"| {stage} | " + " | ".join(cells) + f" | {fitted['rss_a']:.0f} + {fitted['rss_b']:.0f} f | "
-                     f"{fitted['rss_at_1'] / 1024:.1f} GiB | {fitted['wall_at_1'] / 3600:.1f} h (f^{fitted['wall_p']:.2f}) |")
-    return "\n".join(lines)
+def render(record: dict) -> str:
+    """The record as the Markdown the script prints: the table per stage, then what each fraction wrote."""
+    results = record["results"]
+    rows = []
+    for fitted in record["fits"]:
+        stage = fitted["stage"]
+        rows.append([stage, *(f"{r['stages'][stage]['wall_s']:.0f} s / {r['stages'][stage]['rss_mib']:,} MiB"
+                              for r in results),
+                     f"{fitted['rss_a']:.0f} + {fitted['rss_b']:.0f} f", f"{fitted['rss_at_1'] / 1024:.1f} GiB",
+                     f"{fitted['wall_at_1'] / 3600:.1f} h (f^{fitted['wall_p']:.2f})"])
+    out = table(["stage", *(f"f={r['fraction']:g} wall / peak RSS" for r in results), "fit: peak RSS (MiB)",
+                 "f=1: peak RSS", "f=1: wall"], rows, "l" * (len(results) + 4))
+    for r in results:
+        sizes = ", ".join(f"{k} {v / 2**20:,.0f} MiB" for k, v in r["sizes"].items())
+        out += ["", f"f={r['fraction']:g}: {r['train_pairs']:,} training candidate pairs; on disk: {sizes}; BM25 mining "
+                f"{r['bm25']['new_qps']:.1f} queries/s vs {r['bm25']['old_qps']:.2f} before ({r['bm25']['ratio']:.1f}x, "
+                f"{'numba' if r['bm25']['numba'] else 'numpy'} path; first batch {r['bm25']['first_batch_s']:.0f} s)"]
+    return "\n".join(out)
 
 
 def main() -> None:
@@ -223,7 +238,7 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=ROOT / "data" / "rehearsal",
                         help="synthetic data, mirrors and shared artifacts (the workspaces go to runs/rehearsal-f<f>)")
     parser.add_argument("--bm25-sample", type=int, default=4096, help="queries of the side-by-side BM25 measurement")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "scale.json")
+    add_out_option(parser, __file__)
     parser.add_argument("--reuse", action="store_true",
                         help="take a fraction's figures from an earlier invocation (work/f<f>/result.json) instead of running it again")
     args = parser.parse_args()
@@ -233,17 +248,10 @@ def main() -> None:
     encoder = build_encoder(work / "static-encoder")
     print(f"# pgrank scale rehearsal ({os.cpu_count()} CPUs; MS MARCO: {PASSAGES:,} passages, {TRAIN_QUERIES:,} "
           f"training and {DEV_QUERIES:,} dev queries)")
+    record = new_record(TITLE)
     results = [run_fraction(work, f, encoder, args.bm25_sample, args.reuse) for f in args.fractions]
-    fits = fit(results)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"results": results, "fits": fits}, indent=2, default=float))
-    print("\n" + table(results, fits))
-    for r in results:
-        sizes = ", ".join(f"{k} {v / 2**20:,.0f} MiB" for k, v in r["sizes"].items())
-        print(f"\nf={r['fraction']:g}: {r['train_pairs']:,} training candidate pairs; on disk: {sizes}; BM25 mining "
-              f"{r['bm25']['new_qps']:.1f} queries/s vs {r['bm25']['old_qps']:.2f} before ({r['bm25']['ratio']:.1f}x, "
-              f"{'numba' if r['bm25']['numba'] else 'numpy'} path; first batch {r['bm25']['first_batch_s']:.0f} s)")
-    print(f"\n-> {args.out}")
+    record.update(fractions=args.fractions, results=results, fits=fit(results))
+    save(record, args.out, render)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ streamed in blocks as the corpus-embedding artifact streams them, with the same 
 the figure is the best of ``--repeats`` runs after one warm-up on a few queries. Also reports whether the
 two backends returned the same rows (as they should, up to last-bit rounding of near-tied scores).
 
-Prints; asserts nothing. Usage: ``python bench/search.py [--docs 100000] [--queries 300] [--dim 384]``.
+Writes ``bench/out/search.json`` (``--out``; with the machine) and prints its table; asserts nothing. Usage:
+``python bench/search.py [--docs 100000] [--queries 300] [--dim 384]``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from record import add_out_option, new_record, save, table  # noqa: E402
+
+TITLE = "Exact first-stage search: the torch backend against FAISS IndexFlatIP"
 
 
 def unit(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:
@@ -38,6 +43,7 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=1000)
     ap.add_argument("--block", type=int, default=65_536, help="corpus rows per streamed block")
     ap.add_argument("--repeats", type=int, default=3)
+    add_out_option(ap, __file__)
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     docs, queries = unit(rng, args.docs, args.dim), unit(rng, args.queries, args.dim)
@@ -54,15 +60,27 @@ def main() -> None:
             times.append(time.perf_counter() - start)
         best[backend] = min(times)
 
-    print(f"exact search: {args.queries} queries x {args.docs} docs x {args.dim} dims, top {args.k}, blocks of "
-          f"{args.block} rows, best of {args.repeats} (torch threads={torch.get_num_threads()}, FAISS GPU: "
-          f"{faiss_gpu_available()}, auto -> {auto_search_backend()})")
-    print("| backend | seconds | queries/s | time / torch |\n|---|---:|---:|---:|")
-    for backend, seconds in best.items():
-        print(f"| {backend} | {seconds:.3f} | {args.queries / seconds:.0f} | {seconds / best['torch']:.2f} |")
     (ts, tr), (fs, fr) = results["torch"], results["faiss"]
-    print(f"ratio faiss/torch = {best['faiss'] / best['torch']:.2f}; rows identical: {np.mean(tr == fr):.6f} of "
-          f"entries; max |score difference| = {np.abs(ts - fs).max():.2e}")
+    record = new_record(TITLE)
+    record.update(docs=args.docs, dim=args.dim, queries=args.queries, k=args.k, block=args.block, repeats=args.repeats,
+                  threads=torch.get_num_threads(), faiss_gpu=faiss_gpu_available(), auto=auto_search_backend(),
+                  backends=[{"backend": b, "seconds": t} for b, t in best.items()],
+                  rows_identical=float(np.mean(tr == fr)), max_score_difference=float(np.abs(ts - fs).max()))
+    save(record, args.out, render)
+
+
+def render(record: dict) -> str:
+    """The record as the Markdown the script prints."""
+    r = record
+    seconds = {row["backend"]: row["seconds"] for row in r["backends"]}
+    rows = [[b, f"{t:.3f}", f"{r['queries'] / t:.0f}", f"{t / seconds['torch']:.2f}"] for b, t in seconds.items()]
+    return "\n".join([
+        f"exact search: {r['queries']} queries x {r['docs']} docs x {r['dim']} dims, top {r['k']}, blocks of "
+        f"{r['block']} rows, best of {r['repeats']} (torch threads={r['threads']}, FAISS GPU: {r['faiss_gpu']}, "
+        f"auto -> {r['auto']})", "",
+        *table(["backend", "seconds", "queries/s", "time / torch"], rows, "lrrr"), "",
+        f"ratio faiss/torch = {seconds['faiss'] / seconds['torch']:.2f}; rows identical: {r['rows_identical']:.6f} of "
+        f"entries; max |score difference| = {r['max_score_difference']:.2e}"])
 
 
 if __name__ == "__main__":

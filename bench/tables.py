@@ -1,5 +1,7 @@
 """Benchmark of ``pgrank tables``: the time :func:`pgrank.reporting.tables.make_tables` takes. Measures; never asserts.
 
+Writes ``bench/out/tables.json`` (``--out``; with the machine) and prints its figures.
+
 Input: a full-size synthetic results set in a temporary project, shaped like the paper's run: the 15
 eval sets x 6 systems (``params.yaml`` as committed: 4 comparison systems and 2 policies) x 2 stages,
 plus the epoch ablation's ``pgrank-X@2`` (rerank), significance in every PG-Rank file, and a training
@@ -27,6 +29,9 @@ sys.path.insert(0, str(ROOT))
 from pgrank.config import load_params  # noqa: E402
 from pgrank.paths import Paths  # noqa: E402
 from pgrank.reporting.tables import make_tables, needed_systems, table_systems  # noqa: E402
+from record import add_out_option, new_record, save, table  # noqa: E402
+
+TITLE = "pgrank tables: making every table and figure of the paper's full results set"
 
 
 def write_results(params, paths: Paths, steps_per_epoch: int, seed: int = 0) -> int:
@@ -69,6 +74,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--formats", default="md,tex,png", help="tables.formats, comma-separated")
     parser.add_argument("--steps-per-epoch", type=int, default=2277, help="paper: ~501k queries / 220 per step")
+    add_out_option(parser, __file__)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         overrides = ["paths.root=runs", "paths.data=data", "paths.embeddings=emb",
@@ -81,10 +87,21 @@ def main() -> None:
             start = time.perf_counter()
             written = make_tables(params, paths)
             times.append(time.perf_counter() - start)
-        print(f"pgrank tables: {len(params.data.eval_sets)} eval sets x {len(table_systems(params))} systems, "
-              f"{files} metrics files, curves of {params.train.epochs * args.steps_per_epoch} steps, "
-              f"formats {args.formats}: {len(written)} files written")
-        print(f"make_tables: best {min(times):.2f} s, median {statistics.median(times):.2f} s over {args.repeats} runs")
+    record = new_record(TITLE)
+    record.update(eval_sets=len(params.data.eval_sets), systems=len(table_systems(params)), metrics_files=files,
+                  curve_steps=params.train.epochs * args.steps_per_epoch, formats=args.formats.split(","),
+                  files_written=len(written), seconds=times)
+    save(record, args.out, render)
+
+
+def render(record: dict) -> str:
+    """The record as the Markdown the script prints."""
+    r = record
+    return "\n".join([
+        f"pgrank tables: {r['eval_sets']} eval sets x {r['systems']} systems, {r['metrics_files']} metrics files, "
+        f"curves of {r['curve_steps']} steps, formats {','.join(r['formats'])}: {r['files_written']} files written", "",
+        *table(["make_tables: best s", "median s", "runs"],
+               [[f"{min(r['seconds']):.2f}", f"{statistics.median(r['seconds']):.2f}", len(r["seconds"])]], "rrr")])
 
 
 if __name__ == "__main__":

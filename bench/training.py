@@ -14,7 +14,8 @@ reference policy when ``train.pg.kl_coef > 0``):
   (chunk = n), as the increase of the process's peak RSS over its RSS before the step, each in a
   fresh process (target ratio <= 1.3 chunked, against ~10 unchunked).
 
-Prints; asserts nothing. Usage: ``python bench/training.py [--profile demo] [--skip-both] [--skip-memory]``.
+Writes ``bench/out/training.json`` (``--out``; with the machine) and prints its tables; asserts nothing. Usage:
+``python bench/training.py [--profile demo] [--skip-both] [--skip-memory]``.
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from record import add_out_option, new_record, save, table  # noqa: E402
+
+TITLE = "One training step of each tower mode, the estimator's share of it, and tower: both memory"
 
 WORDS = ("protein cell gene study trial dose risk model data effect river solar market tax vaccine "
          "climate carbon neural quantum coral glacier engine policy analysis results method").split()
@@ -174,6 +179,7 @@ def main() -> None:
     ap.add_argument("--skip-both", action="store_true", help="time tower: query only")
     ap.add_argument("--skip-memory", action="store_true")
     ap.add_argument("--memory-child", nargs=5, help=argparse.SUPPRESS)
+    add_out_option(ap, __file__)
     args = ap.parse_args()
     if args.memory_child:
         name, profile, n, chunk, doc_len = args.memory_child
@@ -183,21 +189,44 @@ def main() -> None:
     n = args.candidates or base.mine.candidates
     queries = args.queries or base.train.batch_size
     pg = base.train.pg
-    print(f"model={args.model} profile={args.profile or '-'} n={n} doc_len={args.doc_len} "
-          f"threads={torch.get_num_threads()} pg: N={pg.num_samples} {pg.utility} {pg.estimator} "
-          f"T={pg.temperature} entropy={pg.entropy}:{pg.entropy_coef} kl={pg.kl}:{pg.kl_coef}")
+    record = new_record(TITLE)
+    record.update(model=args.model, profile=args.profile, candidates=n, doc_len=args.doc_len, chunk=args.chunk,
+                  repeats=args.repeats, threads=torch.get_num_threads(),
+                  pg={"num_samples": pg.num_samples, "utility": pg.utility, "estimator": pg.estimator,
+                      "temperature": pg.temperature, "entropy": pg.entropy, "entropy_coef": pg.entropy_coef,
+                      "kl": pg.kl, "kl_coef": pg.kl_coef},
+                  towers=[], memory=[])
     towers = [("query", queries)] + ([] if args.skip_both else [("both", args.both_queries)])
     for tower, q in towers:
         params = _params(args.profile, tower, args.chunk, args.doc_len)
         step, est = step_time(args.model, params, n, q, args.repeats)
-        print(f"tower={tower:5s} {q} queries/step: {q / step:8.2f} queries/s  "
-              f"step {step * 1e3:8.1f} ms, estimator {est * 1e3:6.1f} ms = {100 * est / step:5.2f}% of the step")
-    if args.skip_memory:
-        return
-    for label, chunk_of in (("chunked", lambda n: args.chunk), ("unchunked", lambda n: n)):
-        small, large = (memory(args.model, args.profile, n, chunk_of(n), args.doc_len) for n in (100, 1000))
-        print(f"tower=both {label:9s} peak RSS increase: n=100 {small:8.1f} MiB, n=1000 {large:8.1f} MiB, "
-              f"ratio {large / small:5.2f}")
+        record["towers"].append({"tower": tower, "queries": q, "step_s": step, "estimator_s": est})
+        print(f"  tower={tower}: step {step * 1e3:.1f} ms, estimator {est * 1e3:.1f} ms", flush=True)
+    if not args.skip_memory:
+        for label, chunk_of in (("chunked", lambda n: args.chunk), ("unchunked", lambda n: n)):
+            small, large = (memory(args.model, args.profile, n, chunk_of(n), args.doc_len) for n in (100, 1000))
+            record["memory"].append({"chunks": label, "n100_mib": small, "n1000_mib": large})
+            print(f"  tower=both {label}: n=100 {small:.1f} MiB, n=1000 {large:.1f} MiB", flush=True)
+    save(record, args.out, render)
+
+
+def render(record: dict) -> str:
+    """The record as the Markdown the script prints."""
+    r, pg = record, record["pg"]
+    out = [f"model={r['model']} profile={r['profile'] or '-'} n={r['candidates']} doc_len={r['doc_len']} "
+           f"threads={r['threads']} pg: N={pg['num_samples']} {pg['utility']} {pg['estimator']} T={pg['temperature']} "
+           f"entropy={pg['entropy']}:{pg['entropy_coef']} kl={pg['kl']}:{pg['kl_coef']}; best of {r['repeats']}", ""]
+    out += table(["tower", "queries/step", "queries/s", "step ms", "estimator ms", "estimator share"],
+                  [[t["tower"], t["queries"], f"{t['queries'] / t['step_s']:.2f}", f"{t['step_s'] * 1e3:.1f}",
+                    f"{t['estimator_s'] * 1e3:.1f}", f"{100 * t['estimator_s'] / t['step_s']:.2f}%"] for t in r["towers"]],
+                  "lrrrrr")
+    if r["memory"]:
+        out += ["", f"Peak RSS increase of one `tower: both` step (a fresh process each; chunks of {r['chunk']}, or "
+                "unchunked: chunk = n):", ""]
+        out += table(["tower=both", "n=100 MiB", "n=1000 MiB", "ratio"],
+                     [[m["chunks"], f"{m['n100_mib']:.1f}", f"{m['n1000_mib']:.1f}", f"{m['n1000_mib'] / m['n100_mib']:.2f}"]
+                      for m in r["memory"]], "lrrr")
+    return "\n".join(out)
 
 
 if __name__ == "__main__":

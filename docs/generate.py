@@ -189,12 +189,13 @@ def _machine(m: dict) -> str:
     return f"{m.get('cpu')} ({m.get('cores')} cores, {m.get('memory_gib')} GiB; {flags}){gpu}; Python {m.get('python')}; {libs}"
 
 
-def benchmarks() -> str:
+def benchmarks(folder: Path = ROOT / "bench" / "out") -> str:
+    """The benchmarks page: every record of ``folder`` (``bench/out/``) under its title, with its command and machine."""
     out = ["# Benchmarks", "",
            "Every figure here is read from a record under `bench/out/`, which a `bench/*.py` script wrote together",
            "with the machine it ran on; this page is generated from them by `python docs/generate.py`. Rerun a",
            "script to measure your own machine (the command is given with each record).", ""]
-    records = sorted((ROOT / "bench" / "out").glob("*.json"))
+    records = sorted(Path(folder).glob("*.json"))
     if not records:
         return "\n".join(out + ["No benchmark has been recorded yet.", ""])
     for path in records:
@@ -207,12 +208,18 @@ def benchmarks() -> str:
 
 
 def _render(record: dict) -> str:
-    """A record's own Markdown: its ``markdown`` field, or its script's ``render(record)``."""
+    """A record's own Markdown: its ``markdown`` field, or its script's ``render(record)`` (the script loaded from its
+    file, so that ``bench/search.py`` or ``bench/training.py`` is never confused with another module of that name)."""
+    import importlib.util
+
     if record.get("markdown"):
         return record["markdown"]
-    script = record["command"].split()[1]  # python bench/NAME.py ...
-    sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
-    module = __import__(Path(script).stem)
+    script = ROOT / record["command"].split()[1]  # python bench/NAME.py ...
+    if str(script.parent) not in sys.path:
+        sys.path.insert(0, str(script.parent))  # the scripts import their neighbours (bench/record.py, bench/machine.py)
+    spec = importlib.util.spec_from_file_location(f"_bench_{script.stem}", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
     return module.render(record)
 
 

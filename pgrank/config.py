@@ -206,7 +206,9 @@ class PolicyGradientConfig(_Section):
     """Knobs of :func:`pgrank.core.estimators.pg_loss` (paper Eq. 8/9 and appendix table)."""
 
     utility: str = "ndcg@10"
-    estimator: Literal["per_rank", "whole"] = "per_rank"
+    estimator: Literal["per_rank", "whole", "plrank3"] = Field(
+        default="per_rank", description="per_rank: Eq. 9; whole: Eq. 8; plrank3: PL-Rank-3 (Oosterhuis, SIGIR 2022), "
+                                        "for ndcg, dcg and recall")
     baseline: Literal["loo", "none"] = "loo"
     num_samples: PositiveInt = 5000
     temperature: PositiveFloat = 0.05
@@ -234,10 +236,21 @@ class SelectionConfig(_Section):
     margin: NonNegFloat = Field(default=0.005, description="guarded: the out-of-domain nDCG@10 loss allowed")
     patience: PositiveInt | None = Field(
         default=None, description="stop after this many epochs without a newly selected one (null: never)")
+    interpolation: list[Annotated[float, Field(gt=0, le=1)]] = Field(
+        default_factory=lambda: [1.0],
+        description="weight-space mixtures (1 - alpha) * warm start + alpha * epoch validated for every epoch (WiSE-FT); "
+                    "the rule picks (epoch, alpha). [1]: the epochs as trained (the paper)")
+
+    @field_validator("interpolation")
+    @classmethod
+    def _distinct_alphas(cls, value: list[float]) -> list[float]:
+        if not value or len(set(value)) != len(value):
+            raise ValueError("expected distinct alphas in (0, 1], e.g. [0.25, 0.5, 0.75, 1]")
+        return sorted(value, reverse=True)
 
 
 # The training losses (pgrank.core.objectives.OBJECTIVES); pg is the paper's.
-Objective = Literal["pg", "infonce", "listnet", "listmle", "lambdaloss"]
+Objective = Literal["pg", "infonce", "listnet", "listmle", "listmle_topk", "lambdaloss"]
 
 
 class TrainConfig(_Section):
@@ -271,6 +284,8 @@ class TrainConfig(_Section):
                                           "learning_rate")
     ddp_timeout_minutes: PositiveInt = Field(
         default=120, description="torch.distributed process-group timeout: a validation pass plus saving a checkpoint")
+    l2_to_warm_start: NonNegFloat = Field(
+        default=0.0, description="coefficient of ||theta - theta_warm||^2 added to the loss (L2-SP; 0: the paper)")
     pg: PolicyGradientConfig = PolicyGradientConfig()
 
     @model_validator(mode="after")
@@ -279,6 +294,9 @@ class TrainConfig(_Section):
             raise ValueError("selection.rule=guarded needs out-of-domain validation_sets, e.g. [nfcorpus/dev]")
         if self.selection.patience and self.selection.rule == "last":
             raise ValueError("selection.patience (early stopping) needs selection.rule in_domain or guarded")
+        if self.selection.interpolation != [1.0] and self.selection.rule == "last":
+            raise ValueError("selection.interpolation (mixtures with the warm start) needs selection.rule in_domain "
+                             "or guarded to choose among them")
         return self
 
     @field_validator("objectives")
@@ -476,9 +494,15 @@ def _consistency(params: Params) -> list[tuple[tuple, str]]:
         problems.append(
             (("train", "pg", "num_samples"), f"must be >= 2 with the leave-one-out baseline (got {pg.num_samples})")
         )
-    if pg.estimator == "per_rank" and ":" in pg.utility:
+    if pg.estimator in ("per_rank", "plrank3") and ":" in pg.utility:
         problems.append(
-            (("train", "pg", "estimator"), "'per_rank' needs a named rank-decomposable utility; use 'whole' with a custom callable")
+            (("train", "pg", "estimator"),
+             f"{pg.estimator!r} needs a named rank-decomposable utility; use 'whole' with a custom callable")
+        )
+    elif pg.estimator == "plrank3" and pg.utility.split("@")[0] not in ("ndcg", "dcg", "recall"):
+        problems.append(
+            (("train", "pg", "estimator"), f"'plrank3' needs a utility linear in the documents' gains (ndcg, dcg or "
+             f"recall), not {pg.utility!r}; use 'per_rank'")
         )
     for i, name in enumerate(params.train.warm_starts):
         if not name.strip():

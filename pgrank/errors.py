@@ -25,6 +25,15 @@ class DataError(PgrankError):
     """A dataset, download or candidate file is missing, corrupt or malformed."""
 
 
+class Stopped(PgrankError):
+    """A signal (SIGINT, SIGTERM, SIGHUP) stopped the run; the exit code is 128 + its number, as a shell reports it."""
+
+    def __init__(self, signum: int, message: str):
+        super().__init__(message)
+        self.signum = signum
+        self.exit_code = 128 + signum
+
+
 # OS errors that the machine, not pgrank, causes: a full disk or quota, a file-size limit, a read-only or
 # forbidden folder. The CLI reports them like bad input (one line naming the file), with exit code 74
 # (sysexits' EX_IOERR); any other OSError is a bug and keeps its traceback.

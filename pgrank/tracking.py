@@ -14,6 +14,8 @@
   show ``RUNNING`` forever. Every run records its process (tag ``pgrank.process``: host, PID, start
   time); whenever a stage opens the store, :func:`end_orphaned_runs` marks ``KILLED`` the running runs
   whose process is gone.
+* Stopped runs: a run that a stop signal ends (Ctrl-C's ``KeyboardInterrupt`` in a stage, :class:`Stopped` in
+  the pipeline driver) ends ``KILLED``, as do the running runs of the processes the stop has ended.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from pgrank.config import Params
+from pgrank.errors import Stopped
 from pgrank.paths import Paths
 
 PARENT_ENV = "PGRANK_MLFLOW_PARENT_RUN_ID"
@@ -150,11 +153,18 @@ def stage_run(
                 keys = list(items)
                 for i in range(0, len(keys), 100):  # MLflow caps a batch at 100 params
                     mlflow.log_params({k: items[k] for k in keys[i : i + 100]})
+            stopped = False
             try:
                 yield run
+            except (KeyboardInterrupt, Stopped):
+                stopped = True
+                raise
             finally:
                 if resources:
                     log_metrics(run, process_resources())
+                if stopped:  # KILLED, not FAILED; and so are the runs of the processes the stop ended
+                    end_orphaned_runs(run.info.experiment_id)
+                    mlflow.end_run("KILLED")
     except BaseException:
         failed = True  # a failing stage ends with its one error line, not a resource report after it
         raise

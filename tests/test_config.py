@@ -133,3 +133,16 @@ def test_objectives_and_their_learning_rates():
     assert "train.learning_rates.infonce" in msg and "not in train.objectives" in msg
     msg = str(pytest.raises(ConfigError, load_params, PARAMS, ["train.warm_starts=[sbert+x]"]).value)
     assert "train.warm_starts.0" in msg and "reserved" in msg
+
+
+def test_estimators_and_the_utilities_they_take():
+    assert load_params(PARAMS, ["train.pg.estimator=plrank3"]).train.pg.estimator == "plrank3"
+    for estimator in ("per_rank", "plrank3"):
+        msg = str(pytest.raises(ConfigError, load_params, PARAMS,
+                                [f"train.pg.estimator={estimator}", "train.pg.utility=mymod:bleu"]).value)
+        assert "train.pg.estimator" in msg and "use 'whole'" in msg
+    assert load_params(PARAMS, ["train.pg.estimator=whole", "train.pg.utility=mymod:bleu"]).train.pg.utility == "mymod:bleu"
+    msg = str(pytest.raises(ConfigError, load_params, PARAMS, ["train.pg.estimator=plrank3", "train.pg.utility=mrr@10"]).value)
+    assert "train.pg.estimator" in msg and "linear in the documents' gains" in msg
+    msg = str(pytest.raises(ConfigError, load_params, PARAMS, ["train.pg.estimator=plrank4"]).value)
+    assert "train.pg.estimator" in msg and "plrank3" in msg

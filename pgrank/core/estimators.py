@@ -16,6 +16,13 @@ Estimators:
       placement ``k`` is weighted by that sample's reward-to-go from ``k``, minus the mean reward-to-go
       from ``k`` of the other ``N-1`` samples. Unbiased for any prefix-decomposable utility because a
       placement cannot influence the utility collected before it.
+    * ``"plrank3"`` — PL-Rank-3 (Oosterhuis, SIGIR 2022; :mod:`pgrank.core.plrank`), not in the paper: from
+      the same sampled rankings, per-document weights whose mean is unbiased for the gradient of the expected
+      utility, with every document's probability of each place after the sampled prefix taken exactly
+      rather than sampled. For utilities linear in the placed documents' gains (nDCG@K, DCG@K, recall@K).
+      The surrogate is ``-(logits * weights.detach()).sum(-1)``, averaged over queries like the others. The
+      ranking entropy and ranking KL below are not of that form: their gradients are ``per_rank``'s
+      score-function estimate of those terms alone, added to it.
 
 Entropy regularisation (coefficient ``entropy_coef``; the paper's table gives 0.01 without saying which
 entropy, see PAPER.md):
@@ -42,12 +49,13 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal, NamedTuple
 
 import torch
 from torch import Tensor
 
+from pgrank.core.plrank import plrank3_weights
 from pgrank.core.policy import (
     placement_log_probs,
     sample_rankings,
@@ -55,6 +63,8 @@ from pgrank.core.policy import (
     top1_kl,
 )
 from pgrank.core.ranking_utility import Utility, get_utility
+
+Estimator = Literal["per_rank", "whole", "plrank3"]
 
 
 class PGOutput(NamedTuple):
@@ -72,6 +82,71 @@ def _leave_one_out(x: Tensor) -> Tensor:
     return x - (x.sum(1, keepdim=True) - x) / (N - 1)
 
 
+class _Samples(NamedTuple):
+    """The sampled rankings of one call and what every estimator reads of them."""
+
+    logits: Tensor  # (B, n) scores / T, differentiable
+    rel: Tensor  # (B, n) grades
+    mask: Tensor | None  # (B, n)
+    rankings: Tensor  # (B, N, K)
+    step_logp: Tensor  # (B, N, K) placement log-probabilities, differentiable
+    util: Utility
+    baseline: str
+    entropy_coef: float  # of the ranking entropy (0 with the exact top-1 entropy)
+    kl_coef: float
+    ranking_kl: Tensor | None  # (B, N, K) log pi - log pi_ref per placement, when the ranking KL is asked for
+
+
+def _penalised(reward: Tensor, s: _Samples, per_place: bool) -> Tensor:
+    """``reward`` minus the ranking entropy's and ranking KL's sampled terms, per placement or per ranking."""
+    total = (lambda t: t) if per_place else (lambda t: t.sum(-1))
+    if s.entropy_coef:
+        reward = reward - s.entropy_coef * total(s.step_logp.detach())
+    if s.ranking_kl is not None and s.kl_coef:
+        reward = reward - s.kl_coef * total(s.ranking_kl)
+    return reward
+
+
+def _per_rank_objective(contrib: Tensor, s: _Samples) -> Tensor:
+    """``(B, N)`` Eq. 9's surrogate for per-placement rewards ``contrib (B, N, K)``: reward-to-go, then baseline."""
+    reward = contrib.flip(-1).cumsum(-1).flip(-1)  # (B, N, K) reward-to-go from each place
+    advantage = _leave_one_out(reward) if s.baseline == "loo" else reward
+    return (advantage.detach() * s.step_logp).sum(-1)
+
+
+def _per_rank(s: _Samples) -> tuple[Tensor, Tensor]:
+    contrib = s.util.per_rank(s.rankings, s.rel, s.mask).to(s.step_logp.dtype)  # (B, N, K)
+    return _per_rank_objective(_penalised(contrib, s, per_place=True), s), contrib.sum(-1)
+
+
+def _whole(s: _Samples) -> tuple[Tensor, Tensor]:
+    sampled_utility = s.util.whole(s.rankings, s.rel, s.mask).to(s.step_logp.dtype)  # (B, N)
+    reward = _penalised(sampled_utility, s, per_place=False)
+    advantage = _leave_one_out(reward) if s.baseline == "loo" else reward
+    return advantage.detach() * s.step_logp.sum(-1), sampled_utility
+
+
+def _plrank3(s: _Samples) -> tuple[Tensor, Tensor]:
+    dtype = s.step_logp.dtype
+    gains, theta = s.util.rank_gains(s.rel, s.mask)
+    weights = plrank3_weights(s.logits, s.rankings, s.step_logp.detach(), gains, theta, s.mask)  # (B, n), 0 if padded
+    logits = s.logits.to(dtype) if s.mask is None else torch.where(s.mask, s.logits.to(dtype), 0.0)
+    objective = (logits * weights).sum(-1)  # (B,) the house surrogate: its gradient is the weights
+    if s.entropy_coef or (s.ranking_kl is not None and s.kl_coef):  # the sampled regularisers, per_rank's way
+        penalties = _penalised(torch.zeros_like(s.step_logp.detach()), s, per_place=True)  # (B, N, K)
+        objective = objective + _per_rank_objective(penalties, s).mean(1)
+    sampled_utility = s.util.per_rank(s.rankings, s.rel, s.mask).to(dtype).sum(-1)  # (B, N)
+    return objective, sampled_utility
+
+
+# One dict for dispatch by name (train.pg.estimator): each maps the samples to the surrogate objective, per query
+# ``(B,)`` or per query and sample ``(B, N)``, whose mean's gradient is the estimate averaged over queries, and
+# the sampled rankings' utilities ``(B, N)``.
+ESTIMATORS: dict[str, Callable[[_Samples], tuple[Tensor, Tensor]]] = {
+    "per_rank": _per_rank, "whole": _whole, "plrank3": _plrank3,
+}
+
+
 def policy_gradient(
     scores: Tensor,
     relevance: Tensor,
@@ -79,7 +154,7 @@ def policy_gradient(
     *,
     num_samples: int,
     utility: str | Utility = "ndcg@10",
-    estimator: Literal["per_rank", "whole"] = "per_rank",
+    estimator: Estimator = "per_rank",
     baseline: Literal["loo", "none"] = "loo",
     temperature: float = 1.0,
     entropy_coef: float = 0.0,
@@ -97,9 +172,12 @@ def policy_gradient(
     if baseline == "loo" and num_samples < 2:
         raise ValueError(f"the leave-one-out baseline needs num_samples >= 2, got {num_samples}")
     util = get_utility(utility) if isinstance(utility, str) else utility
-    if estimator == "per_rank" and util.per_rank is None:
+    if estimator in ("per_rank", "plrank3") and util.per_rank is None:
         raise ValueError(f"utility {util.name!r} is not rank-decomposable; use estimator='whole'")
-    if estimator not in ("per_rank", "whole") or baseline not in ("loo", "none") or entropy not in ("top1", "ranking"):
+    if estimator == "plrank3" and util.rank_gains is None:
+        raise ValueError(f"utility {util.name!r} is not a sum of place weights times document gains, which "
+                         "estimator='plrank3' needs (ndcg, dcg, recall); use estimator='per_rank'")
+    if estimator not in ESTIMATORS or baseline not in ("loo", "none") or entropy not in ("top1", "ranking"):
         raise ValueError(f"unknown estimator/baseline/entropy: {estimator!r}/{baseline!r}/{entropy!r}")
     if kl not in ("top1", "ranking") or kl_coef < 0:
         raise ValueError(f"kl must be 'top1' or 'ranking' and kl_coef >= 0 (got {kl!r}, {kl_coef})")
@@ -118,25 +196,9 @@ def policy_gradient(
     if ref_logits is not None and kl == "ranking":
         ranking_kl = step_logp_d - placement_log_probs(ref_logits.to(step_logp.dtype), rankings, mask)
 
-    if estimator == "per_rank":
-        contrib = util.per_rank(rankings, rel, mask).to(step_logp.dtype)  # (B, N, K)
-        sampled_utility = contrib.sum(-1)
-        if entropy == "ranking" and entropy_coef:
-            contrib = contrib - entropy_coef * step_logp_d
-        if ranking_kl is not None and kl_coef:
-            contrib = contrib - kl_coef * ranking_kl
-        reward = contrib.flip(-1).cumsum(-1).flip(-1)  # (B, N, K) reward-to-go from each place
-        advantage = _leave_one_out(reward) if baseline == "loo" else reward
-        objective = (advantage.detach() * step_logp).sum(-1)  # (B, N)
-    else:
-        sampled_utility = util.whole(rankings, rel, mask).to(step_logp.dtype)  # (B, N)
-        reward = sampled_utility
-        if entropy == "ranking" and entropy_coef:
-            reward = reward - entropy_coef * step_logp_d.sum(-1)
-        if ranking_kl is not None and kl_coef:
-            reward = reward - kl_coef * ranking_kl.sum(-1)
-        advantage = _leave_one_out(reward) if baseline == "loo" else reward
-        objective = advantage.detach() * step_logp.sum(-1)  # (B, N)
+    samples = _Samples(logits, rel, mask, rankings, step_logp, util, baseline,
+                       entropy_coef if entropy == "ranking" else 0.0, kl_coef, ranking_kl)
+    objective, sampled_utility = ESTIMATORS[estimator](samples)  # (B,) or (B, N), (B, N)
 
     loss = -objective.mean()
     if entropy == "top1":
@@ -165,7 +227,7 @@ def pg_loss(
     *,
     num_samples: int,
     utility: str | Utility = "ndcg@10",
-    estimator: Literal["per_rank", "whole"] = "per_rank",
+    estimator: Estimator = "per_rank",
     baseline: Literal["loo", "none"] = "loo",
     temperature: float = 1.0,
     entropy_coef: float = 0.0,
@@ -184,7 +246,8 @@ def pg_loss(
         num_samples: ``N`` rankings sampled per query (Gumbel trick, top-``depth`` only).
         utility: ``"ndcg@10"`` (paper), ``"dcg@k"``, ``"mrr@k"``, ``"recall@k"``, ``"ap@k"``, a
             ``"module:function"`` callable, or a resolved :class:`~pgrank.core.ranking_utility.Utility`.
-        estimator: ``"per_rank"`` (Eq. 9) or ``"whole"`` (Eq. 8).
+        estimator: ``"per_rank"`` (Eq. 9), ``"whole"`` (Eq. 8) or ``"plrank3"`` (PL-Rank-3, not in the paper;
+            nDCG, DCG and recall only).
         baseline: ``"loo"`` leave-one-out (Eq. 8/9) or ``"none"`` (plain REINFORCE, Eq. 5).
         temperature: ``T``; the policy is ``PL(scores / T)`` (paper: 0.05).
         entropy_coef: weight of the entropy bonus (paper: 0.01).
@@ -197,7 +260,8 @@ def pg_loss(
         kl: ``"top1"`` (exact) or ``"ranking"`` (sampled), see the module docstring.
 
     Returns:
-        Scalar loss: the mean over queries and samples of the negated surrogate objective.
+        Scalar loss: the mean over queries of the negated surrogate objective (for the score-function
+        estimators, its mean over samples).
 
     References:
         Gao et al., "Policy-Gradient Training of Language Models for Ranking", Eq. 8 and 9.

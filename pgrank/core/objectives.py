@@ -15,6 +15,9 @@ beat standard fine-tuning?"):
   non-relevant candidates get no target mass).
 * ``listmle`` — ListMLE: the negative Plackett-Luce log-likelihood of the relevance-sorted ranking of
   the whole candidate set, ties broken uniformly at random (seeded, per query).
+* ``listmle_topk`` — top-k ListMLE (Xia et al., 2009): the same likelihood of the top places only, those of
+  the query's relevant candidates (by grade, ties random): the order among the non-relevant ones, most of a
+  candidate set and all tied, is not asked for.
 * ``lambdaloss`` — LambdaLoss with the NDCG-Loss2++ weighting (Wang et al., 2018), the scheme the paper
   found strongest: ``-sum_{i,j: y_i > y_j} w_ij log2 sigmoid(l_i - l_j)`` over pairs of the current
   ranking, with trec_eval's linear gains ``rel / IDCG`` (the evaluation metric's).
@@ -39,7 +42,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from pgrank.core.policy import log_prob, top1_entropy
+from pgrank.core.policy import log_prob, placement_log_probs, top1_entropy
 
 # A finite stand-in for -inf on padded slots: exp() of it is 0 and gradients stay finite.
 _FILL = -1e9
@@ -126,6 +129,21 @@ def listmle(scores: Tensor, relevance: Tensor, mask: Tensor | None = None, *, te
     return _diagnostics(_mean_over_queries(per_query, (rel > 0).any(-1)), logits, rel, mask)
 
 
+def listmle_topk(scores: Tensor, relevance: Tensor, mask: Tensor | None = None, *, temperature: float = 1.0,
+                 generator: torch.Generator | Sequence[torch.Generator] | None = None, **_: object) -> ObjectiveOutput:
+    """``-log PL(the relevant candidates in the top places, by grade | logits)``: the first ``k`` places of the ideal
+    ranking, ``k`` the query's number of relevant candidates, per query, averaged."""
+    logits, rel, mask = _checked(scores, relevance, mask, temperature)
+    relevant = (rel > 0) & mask
+    k = relevant.sum(-1)  # (B,)
+    depth = max(int(k.max()), 1)
+    ideal = ideal_rankings(rel, mask, generator)[:, :, :depth]  # (B, 1, K) the relevant ones first
+    places = placement_log_probs(logits, ideal, mask)[:, 0]  # (B, K)
+    inside = torch.arange(depth, device=logits.device)[None, :] < k[:, None]
+    per_query = -torch.where(inside, places, torch.zeros_like(places)).sum(-1)
+    return _diagnostics(_mean_over_queries(per_query, k > 0), logits, rel, mask)
+
+
 def lambda_weights(gain: Tensor, n: int) -> Tensor:
     """NDCG-Loss2++ pair weights ``mu * delta_ij |G_i - G_j| + |1/D_i - 1/D_j| |G_i - G_j|`` (mu = 10).
 
@@ -174,8 +192,9 @@ OBJECTIVES: dict[str, Callable[..., ObjectiveOutput]] = {
     "infonce": infonce,
     "listnet": listnet,
     "listmle": listmle,
+    "listmle_topk": listmle_topk,
     "lambdaloss": lambdaloss,
 }
 
 __all__ = ["OBJECTIVES", "ObjectiveOutput", "ideal_rankings", "infonce", "lambda_weights", "lambdaloss", "listmle",
-           "listnet"]
+           "listmle_topk", "listnet"]

@@ -11,6 +11,10 @@ these equal trec_eval's ``ndcg_cut_k``, ``recip_rank`` (cut at ``k``), ``recall_
 ``map_cut_k`` whenever every judged-relevant document is in the candidate set, which is how
 :mod:`pgrank.mining.candidate_sets` builds candidate sets.
 
+``dcg``, ``ndcg`` and ``recall`` are moreover *linear in the placed documents' gains*,
+``Delta(r) = sum_k theta_k g(r_k)`` (a weight per place times a gain per document), the form PL-Rank-3
+(:mod:`pgrank.core.plrank`) needs; ``rr`` and ``ap`` read the prefix above each place, so are not.
+
 A custom utility is any importable callable, named ``"module:function"``, with signature
 ``fn(rankings (B, N, K) long, relevance (B, n), mask (B, n) bool) -> (B, N)``. It may declare how
 many leading places it reads with an integer attribute ``fn.depth`` (default: the whole ranking).
@@ -104,6 +108,21 @@ def ap_per_rank(ranked_rel: Tensor, relevance: Tensor, k: int) -> Tensor:
     return _cut(torch.where(R > 0, rel * prec / R.clamp_min(1), torch.zeros_like(rel)), k)
 
 
+def _dcg_gains(relevance: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    return relevance.clamp_min(0), _discounts(k, relevance)
+
+
+def _ndcg_gains(relevance: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    idcg = ideal_dcg(relevance, k)  # (B,)
+    scale = (idcg > 0) / idcg.clamp_min(torch.finfo(idcg.dtype).tiny)  # 1 / idcg, or 0
+    return relevance.clamp_min(0) * scale.unsqueeze(-1), _discounts(k, relevance)
+
+
+def _recall_gains(relevance: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    R = (relevance >= 1).sum(-1, keepdim=True).to(relevance.dtype)  # (B, 1)
+    return (relevance >= 1) / R.clamp_min(1), torch.ones(k, dtype=relevance.dtype, device=relevance.device)
+
+
 # One dict for dispatch by name (STYLE.md principle 5).
 PER_RANK: dict[str, PerRank] = {
     "dcg": dcg_per_rank,
@@ -114,6 +133,12 @@ PER_RANK: dict[str, PerRank] = {
     "ap": ap_per_rank,
     "map": ap_per_rank,
 }
+
+# (relevance (B, n), k) -> (gains (B, n), place weights theta (k,)) with Delta(r) = sum_{j <= k} theta_j g(r_j).
+RankGains = Callable[[Tensor, int], tuple[Tensor, Tensor]]
+
+# The utilities of that form, by name (those absent read the prefix above each place).
+RANK_GAINS: dict[str, RankGains] = {"dcg": _dcg_gains, "ndcg": _ndcg_gains, "recall": _recall_gains}
 
 _NAMED = re.compile(r"^(?P<name>[a-z]+)@(?P<k>\d+)$")
 
@@ -128,12 +153,16 @@ class Utility:
         per_rank: ``(rankings, relevance, mask) -> (B, N, K)`` contributions, or ``None`` when the
             utility is not prefix-decomposable (custom callables).
         whole: ``(rankings, relevance, mask) -> (B, N)`` utility of each sampled ranking.
+        rank_gains: ``(relevance, mask) -> (gains (B, n), theta (depth,))`` with ``Delta(r) = sum_k theta_k
+            gains[r_k]`` (gains 0 at padded slots), or ``None`` when the utility is not of that form (rr, ap,
+            custom callables).
     """
 
     name: str
     depth: int | None
     per_rank: Callable[[Tensor, Tensor, Tensor | None], Tensor] | None
     whole: Callable[[Tensor, Tensor, Tensor | None], Tensor]
+    rank_gains: Callable[[Tensor, Tensor | None], tuple[Tensor, Tensor]] | None = None
 
 
 def ranked_relevance(rankings: Tensor, relevance: Tensor, mask: Tensor | None) -> Tensor:
@@ -149,7 +178,7 @@ def _ranked(rankings: Tensor, rel: Tensor, mask: Tensor | None) -> Tensor:
     return ranked if mask is None else ranked * rank_mask(mask, rankings)
 
 
-def _named(name: str, fn: PerRank, k: int) -> Utility:
+def _named(name: str, fn: PerRank, k: int, linear: RankGains | None) -> Utility:
     def per_rank(rankings: Tensor, relevance: Tensor, mask: Tensor | None = None) -> Tensor:
         rel = relevance if mask is None else torch.where(mask, relevance, torch.zeros_like(relevance))
         return fn(_ranked(rankings, rel, mask), rel, k)
@@ -157,7 +186,11 @@ def _named(name: str, fn: PerRank, k: int) -> Utility:
     def whole(rankings: Tensor, relevance: Tensor, mask: Tensor | None = None) -> Tensor:
         return per_rank(rankings, relevance, mask).sum(-1)
 
-    return Utility(name=name, depth=k, per_rank=per_rank, whole=whole)
+    def rank_gains(relevance: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        rel = relevance if mask is None else torch.where(mask, relevance, torch.zeros_like(relevance))
+        return linear(rel, k)
+
+    return Utility(name=name, depth=k, per_rank=per_rank, whole=whole, rank_gains=None if linear is None else rank_gains)
 
 
 def get_utility(name: str) -> Utility:
@@ -189,4 +222,4 @@ def _named_utility(name: str) -> Utility:
         raise ValueError(f"unknown utility {name!r}; known: {sorted(PER_RANK)} as NAME@K, or 'module:function'")
     if k < 1:
         raise ValueError(f"utility {name!r}: the cut-off must be >= 1")
-    return _named(name, PER_RANK[base], k)
+    return _named(name, PER_RANK[base], k, RANK_GAINS.get(base))

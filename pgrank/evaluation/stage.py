@@ -15,6 +15,8 @@ frozen warm start, whose artifact is reused as is.
 
 Outputs, per (system, dataset, split, stage), in ``Paths.results``: ``metrics.json`` (means and, for
 policies, a paired significance test against the warm start), ``per_query.json`` and ``run.trec``.
+``metrics.json`` names a model of the workspace (a policy's checkpoint) by its path relative to
+``paths.root``, so that two clones doing the same computation write the same bytes (:func:`model_record`).
 Metrics come from pytrec_eval (:mod:`pgrank.core.trec_eval`); documents whose id equals the query id
 are ignored when ``evaluate.ignore_identical_ids`` is set (on a copy of the run).
 """
@@ -103,6 +105,13 @@ def search_runs(retriever, encoded, qids: Sequence[str], k: int) -> Iterator[Run
         yield run
 
 
+def model_record(model: str, paths: Paths) -> str:
+    """``model`` as ``metrics.json`` records it: a folder under ``paths.root`` relative to it
+    (``models/minilm/pg/selected``), any other name (a hub id, a folder of your own) as given."""
+    path = Path(model)
+    return path.relative_to(paths.root).as_posix() if path.is_absolute() and path.is_relative_to(paths.root) else model
+
+
 def evaluate(params: Params, paths: Paths, system: str, eval_set: str, stages: Sequence[str] = EVAL_STAGES, *,
              retriever=None) -> list[EvalResult]:
     """Evaluate one system on one ``dataset/split`` in the given stages; write and return the results.
@@ -138,7 +147,7 @@ def evaluate(params: Params, paths: Paths, system: str, eval_set: str, stages: S
         significance = None if warm is None else against_baseline(
             per_query, paths.results(warm, dataset, split, stage) / "per_query.json", warm, cfg.significance)
         system_info = getattr(retriever, "system", None)
-        record = {"system": system, "model": getattr(system_info, "query_model", system),
+        record = {"system": system, "model": model_record(getattr(system_info, "query_model", system), paths),
                   "epoch": getattr(system_info, "epoch", None), "dataset": dataset, "split": split, "stage": stage,
                   "queries": len(per_query), "metrics": means, "significance": significance}
         write_json(folder / "per_query.json", per_query)

@@ -11,7 +11,8 @@ demo), holding
   workspace itself (so its outputs, ``dvc.lock`` and DVC cache live apart from the paper's);
   ``paths.data`` and ``paths.embeddings`` point, relative to the workspace, at the folders the profile
   names (by default the project's ``data/``, shared by every profile: a dataset is downloaded once and a
-  (model, corpus) pair encoded once); a relative ``data.mirror`` is made absolute;
+  (model, corpus) pair encoded once); a relative ``data.mirror``, ``data.sources`` path or ``models.offline``
+  path (relative to the params file) is made absolute, since the stages run in the workspace;
 * a ``--no-scm`` DVC project (``.dvc/``), with the cache linked rather than copied.
 
 Files are rewritten only when their bytes change, so an unchanged re-run is a DVC no-op, and
@@ -23,6 +24,15 @@ invocation, even with other ``--set`` values, never changes a file under a runni
 at once with "... is in use by PID N (command, since ...)". :func:`prepare` alone takes the same lock.
 The lock is ``flock(2)``, released by the kernel however its holder ends (SIGKILL included).
 
+Stopping: ``dvc`` runs in a session, and so a process group, of its own (no terminal's job control pauses
+it), so that a stop reaches DVC and every stage process it started, and nothing outlives pgrank. SIGINT,
+SIGTERM or SIGHUP to pgrank (Ctrl-C, a process manager or a cancelling scheduler, a closed terminal)
+interrupts the group as Ctrl-C does (SIGINT): the running stage ends its MLflow run ``KILLED`` and exits, and
+DVC records nothing for it and exits; whatever is left of the group after :data:`STOP_GRACE_S` (or at a
+second signal) is killed. pgrank then ends the parent run ``KILLED`` (with any run of the group still
+``RUNNING``), prints one line and exits with 128 + the signal's number. The stages that completed keep
+their ``dvc.lock`` entries and ``FINISHED`` runs, so the next ``repro`` resumes after them.
+
 Example:
     >>> ws = prepare(Path("params.yaml"), "demo", ["train.epochs=1"])
     >>> subprocess.run(["dvc", "repro"], cwd=ws, check=True)
@@ -33,7 +43,9 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -41,7 +53,7 @@ import yaml
 
 from pgrank.atomic import atomic_path, exclusive
 from pgrank.config import Params, load_params
-from pgrank.errors import PgrankError
+from pgrank.errors import PgrankError, Stopped
 
 # What dvc.yaml's stages depend on, relative to the project (synced into workspaces).
 SYNCED = ("dvc.yaml", "cli.py", "pgrank")
@@ -93,6 +105,9 @@ def workspace_params(params: Params, project: Path, ws: Path) -> dict:
     for name, source in params.data.sources.items():  # datasets of your own: relative to the params file
         if source.path is not None:
             doc["data"]["sources"][name]["path"] = str((project / Path(source.path).expanduser()).resolve())
+    for hub_id, copy in params.models.offline.items():  # offline model copies: relative to the params file
+        if copy.path is not None:
+            doc["models"]["offline"][hub_id]["path"] = str((project / Path(copy.path).expanduser()).resolve())
     if params.data.holdout:
         doc["data"]["holdout"] = str((project / Path(params.data.holdout).expanduser()).resolve())
     dataset, split = params.data.train.split("/")
@@ -159,12 +174,99 @@ def stage_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
     return {**env, **(extra or {})}
 
 
+# Ctrl-C, a process manager's or a cancelling scheduler's stop, a closed terminal.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+STOP_GRACE_S = 30.0  # what a stopped stage gets to end its MLflow run and exit before its process group is killed
+
+
+def _signal_group(group: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(group, signum)
+
+
+class _Stopping:
+    """While active in the main thread, a stop signal stops the process group :meth:`run` started (see the module
+    docstring) and then raises :class:`Stopped`; with no group running it raises at once. Entered while another
+    is active, it is that one (one stop for a whole run). Elsewhere (a thread of a Prefect flow) it only runs
+    the command."""
+
+    def __init__(self, what: str):
+        self.what = what
+        self.signum: int | None = None
+        self._group: int | None = None
+        self._starting = False
+        self._timer: threading.Timer | None = None
+        self._previous: dict = {}
+
+    def __enter__(self) -> _Stopping:
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        active = getattr(signal.getsignal(STOP_SIGNALS[0]), "__self__", None)
+        if isinstance(active, _Stopping):
+            return active
+        self._previous = {s: signal.signal(s, self._handle) for s in STOP_SIGNALS}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def _handle(self, signum: int, frame) -> None:
+        first, self.signum = self.signum is None, self.signum or signum
+        if self._group is not None:
+            self._stop_group()
+        elif first and not self._starting:  # a later signal finds the stop under way: nothing more to do
+            raise self.stopped()
+
+    def _stop_group(self) -> None:
+        if self._timer is not None:  # a second signal: no more grace
+            _signal_group(self._group, signal.SIGKILL)
+            return
+        _signal_group(self._group, signal.SIGINT)
+        self._timer = threading.Timer(STOP_GRACE_S, _signal_group, (self._group, signal.SIGKILL))
+        self._timer.daemon = True
+        self._timer.start()
+
+    def stopped(self) -> Stopped:
+        name = signal.Signals(self.signum).name
+        return Stopped(self.signum, f"stopped by {name}: {self.what} and its stage processes have ended; "
+                                    "the next pgrank repro resumes after the stages that completed")
+
+    def run(self, argv: list[str], cwd: Path, env: dict[str, str], capture: bool) -> subprocess.CompletedProcess:
+        """``argv`` in a session and process group of its own; raises :class:`Stopped` once a stop has ended the group.
+
+        Where no signal is handled here (not the main thread), it stays in this process group, which a stop reaches.
+        """
+        pipe = subprocess.PIPE if capture else None
+        self._starting = True  # a signal now is handled once the group exists
+        try:
+            proc = subprocess.Popen(argv, cwd=cwd, env=env, text=True, stdout=pipe, stderr=pipe,
+                                    start_new_session=bool(self._previous))
+            self._group = proc.pid
+            if self.signum is not None and self._timer is None:
+                self._stop_group()
+        finally:
+            self._starting = False
+        try:
+            out, err = proc.communicate()
+        finally:
+            self._group = None
+        if self.signum is not None:
+            _signal_group(proc.pid, signal.SIGKILL)  # what outlived DVC (a stage's own workers)
+            raise self.stopped()
+        return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
 def run_dvc(args: list[str], cwd: Path, *, capture: bool = False) -> subprocess.CompletedProcess:
-    """Run ``dvc ARGS`` in ``cwd``; a failure raises :class:`PgrankError` with DVC's message."""
+    """Run ``dvc ARGS`` in ``cwd``; a failure raises :class:`PgrankError` with DVC's message, a stop signal
+    :class:`Stopped` once DVC and its stages have ended (the module docstring)."""
     exe = shutil.which("dvc")
     if exe is None:
         raise PgrankError("dvc is not installed; pip install dvc")
-    proc = subprocess.run([exe, *args], cwd=cwd, text=True, capture_output=capture, env=stage_environment())
+    with _Stopping(f"`dvc {' '.join(args)}`") as stopping:
+        proc = stopping.run([exe, *args], cwd, stage_environment(), capture)
     if proc.returncode != 0:
         detail = (proc.stderr or proc.stdout or "").strip().splitlines()[-5:] if capture else []
         raise PgrankError(f"`dvc {' '.join(args)}` failed in {cwd} (exit {proc.returncode})"
@@ -182,9 +284,10 @@ def repro(params_file: str | Path, profile: str | None = None, overrides: list[s
 
     _, _, ws = _composition(Path(params_file).resolve(), profile, overrides)
     ws.mkdir(parents=True, exist_ok=True)
-    with locked(ws):  # held from composing the files to the end of the run
+    # the lock: held from composing the files to the end of the run; a stop before DVC starts ends it too
+    args = ["repro", *(["--dry"] if dry else []), *targets]
+    with _Stopping(f"`dvc {' '.join(args)}`"), locked(ws):
         prepare(params_file, profile, overrides)
-        args = ["repro", *(["--dry"] if dry else []), *targets]
         with pipeline_run(ws, profile, overrides, enabled=not dry) as run_id, _env(tracking.PARENT_ENV, run_id):
             run_dvc(args, ws)
     return ws

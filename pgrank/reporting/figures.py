@@ -100,6 +100,7 @@ def curve_chart(title: str, curve: dict[str, list[float]], history: list[dict]) 
             ax.set_xlabel("step")
             ax.grid(alpha=0.3)
         ax = axes[len(CURVE_PANELS)]
+        history = [row for row in history if row.get("alpha", 1.0) == 1.0]  # the epochs as trained, not their mixtures
         keys = sorted({k for row in history for k in row if k.startswith("val_")})
         for key in keys:
             rows = [(row["epoch"], row[key]) for row in history if isinstance(row.get(key), (int, float))]

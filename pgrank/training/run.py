@@ -74,6 +74,7 @@ class Run:
     state: checkpoints.TrainerState | None = None
     forward: Any = None  # the DDP wrapper of the policy (the policy itself in one process)
     no_sync: Any = None
+    anchor: Any = None  # the warm start's weights (pgrank.training.weight_space.Anchor), when mixtures or L2 need them
 
     @property
     def cfg(self):

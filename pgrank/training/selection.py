@@ -10,9 +10,12 @@ policy can be the epoch that
   ``margin`` nDCG@10 on *every* out-of-domain set against epoch 0 (the warm start, which always
   qualifies: when no trained epoch does, the policy is the warm start, and the log says so).
 
-Ties go to the earlier epoch. With ``patience``, training stops once that many epochs have passed
-without a newly selected one (early stopping by the same rule). These are pure functions of the
-per-epoch history rows the trainer records (``{"epoch": e, "val_ndcg@10": ..., "val_<set>_ndcg@10": ...}``).
+Ties go to the earlier epoch, then to the larger alpha. With ``interpolation``, each trained epoch also has rows
+of its weight-space mixtures with the warm start (``{"epoch": e, "alpha": a, ...}``,
+:mod:`pgrank.training.weight_space`): the rule chooses among the rows whose alpha is listed (an epoch as trained
+is alpha 1), so that the policy can be a mixture. With ``patience``, training stops once that many epochs have
+passed without a newly selected one (early stopping by the same rule). These are pure functions of the history
+rows the trainer records (``{"epoch": e, "val_ndcg@10": ..., "val_<set>_ndcg@10": ...}``).
 """
 
 from __future__ import annotations
@@ -40,15 +43,28 @@ def eligible(row: dict, warm: dict, sets: Sequence[str], cfg: SelectionConfig) -
     return all(row[set_key(s)] >= warm[set_key(s)] - cfg.margin for s in sets)
 
 
-def select_epoch(history: Sequence[dict], sets: Sequence[str], cfg: SelectionConfig) -> int:
-    """The epoch the rule selects among the validated ones in ``history`` (rows in epoch order)."""
+def alpha(row: dict) -> float:
+    """A history row's interpolation weight: 1 for an epoch as trained."""
+    return float(row.get("alpha", 1.0))
+
+
+def select_row(history: Sequence[dict], sets: Sequence[str], cfg: SelectionConfig) -> dict:
+    """The history row the rule selects: an epoch as trained, or one of its mixtures with the warm start."""
     if not history:
         raise ValueError("no validated epoch to select from")
+    plain = [row for row in history if alpha(row) == 1.0]
     if cfg.rule == "last":
-        return history[-1]["epoch"]
+        return plain[-1]
     warm = history[0]
-    candidates = [row for row in history if eligible(row, warm, sets, cfg)]
-    return max(candidates, key=lambda row: (row[in_domain_key()], -row["epoch"]))["epoch"]
+    listed = set(cfg.interpolation)
+    candidates = [row for row in history
+                  if (row["epoch"] == 0 or alpha(row) in listed) and eligible(row, warm, sets, cfg)]
+    return max(candidates, key=lambda row: (row[in_domain_key()], -row["epoch"], alpha(row)))
+
+
+def select_epoch(history: Sequence[dict], sets: Sequence[str], cfg: SelectionConfig) -> int:
+    """The epoch of the row the rule selects (:func:`select_row`)."""
+    return select_row(history, sets, cfg)["epoch"]
 
 
 def should_stop(history: Sequence[dict], sets: Sequence[str], cfg: SelectionConfig) -> bool:
@@ -61,10 +77,9 @@ def should_stop(history: Sequence[dict], sets: Sequence[str], cfg: SelectionConf
 def summary(history: Sequence[dict], sets: Sequence[str], cfg: SelectionConfig) -> dict[str, float | int | str]:
     """The choice and its figures (for MLflow): selected epoch, its in-domain and out-of-domain nDCG@10
     and their changes against the warm start."""
-    chosen = select_epoch(history, sets, cfg)
-    row = next(r for r in history if r["epoch"] == chosen)
+    row = select_row(history, sets, cfg)
     warm = history[0]
-    out: dict[str, float | int | str] = {"rule": cfg.rule, "epoch": chosen}
+    out: dict[str, float | int | str] = {"rule": cfg.rule, "epoch": row["epoch"], "alpha": alpha(row)}
     for name, key in [("in_domain", in_domain_key()), *((s, set_key(s)) for s in sets)]:
         out[f"{name}_ndcg@10"] = row[key]
         out[f"{name}_gain"] = row[key] - warm[key]

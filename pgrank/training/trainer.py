@@ -46,6 +46,7 @@ from pgrank.core.objectives import OBJECTIVES
 from pgrank.errors import PgrankError
 from pgrank.paths import Paths
 from pgrank.training import checkpoints, distributed, selection
+from pgrank.training.weight_space import Anchor
 from pgrank.training.batches import epoch_order, make_batch
 from pgrank.training.grad_cache import encode
 from pgrank.training.run import Run, open_data
@@ -105,8 +106,10 @@ def setup(params: Params, paths: Paths, warm_start: str, objective: str, device:
     optimizer = torch.optim.AdamW(trainable, lr=cfg.learning_rate_for(objective), weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: min(1.0, (step + 1) / cfg.warmup_steps) if cfg.warmup_steps else 1.0)
+    # The warm start's weights, for mixtures with it and the L2 pull toward it (taken before a resume loads state).
+    anchored = cfg.l2_to_warm_start > 0 or cfg.selection.interpolation != [1.0]
     return Run(params, paths, warm_start, objective, ref, doc_ref, world, dev, data, fingerprint, models, trainable,
-               optimizer, scheduler)
+               optimizer, scheduler, anchor=Anchor.of(model) if anchored else None)
 
 
 def resume(run: Run) -> None:
@@ -174,15 +177,35 @@ def write_checkpoint(run: Run, folder: Path, epoch: int, **extra) -> None:
 
 def keep_epoch(run: Run, epoch: int) -> None:
     """Save a validated epoch: as ``epoch-E/`` when ``train.keep_epochs`` keeps it (and the last), and as
-    ``selected/`` when a selection rule other than ``last`` picks it."""
+    ``selected/`` when a selection rule other than ``last`` picks it, or one of its mixtures with the warm start."""
     cfg = run.cfg
     if not run.world.is_main:
         return
     if epoch in cfg.keep_epochs or epoch == cfg.epochs:
         write_checkpoint(run, run.paths.checkpoint(run.warm_start, epoch, run.objective), epoch)
-    if cfg.selection.rule != "last" and selection.select_epoch(run.state.history, cfg.validation_sets, cfg.selection) == epoch:
-        write_checkpoint(run, run.paths.selected_checkpoint(run.warm_start, run.objective), epoch,
-                         selected_by=cfg.selection.rule)
+    if cfg.selection.rule == "last":
+        return
+    chosen = selection.select_row(run.state.history, cfg.validation_sets, cfg.selection)
+    if chosen["epoch"] != epoch:
+        return
+    folder, weight = run.paths.selected_checkpoint(run.warm_start, run.objective), selection.alpha(chosen)
+    if weight == 1.0:
+        write_checkpoint(run, folder, epoch, selected_by=cfg.selection.rule)
+    else:
+        with run.anchor.interpolated(run.models.policy, weight):
+            write_checkpoint(run, folder, epoch, selected_by=cfg.selection.rule, alpha=weight)
+
+
+def validate_mixtures(run: Run, epoch: int, tracker) -> None:
+    """Validate the epoch's mixtures with the warm start (``train.selection.interpolation`` below 1) and add their
+    rows to the history (:mod:`pgrank.training.weight_space`)."""
+    for weight in [a for a in run.cfg.selection.interpolation if a < 1.0]:
+        with run.anchor.interpolated(run.models.policy, weight):
+            metrics = validated(run)
+        run.state.history.append({"epoch": epoch, "alpha": weight, **metrics})
+        tracking.log_metrics(tracker, {f"alpha{weight:g}_{k}": v for k, v in metrics.items()}, step=run.state.step)
+        if run.world.is_main:
+            log.info("epoch %d, alpha %g: %s", epoch, weight, ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
 
 
 # --------------------------------------------------------------------------------------- epochs
@@ -203,6 +226,8 @@ def train_epoch(run: Run, epoch: int, tracker, *, progress: bool) -> tuple[dict,
         stats = accumulate_gradients(run.models.policy, make_batch(local, dev), run.params, epoch=epoch,
                                      frozen=run.data.frozen, corpus=run.data.corpus, forward=run.forward,
                                      no_sync=run.no_sync, reference=run.models.reference, objective=run.objective)
+        if cfg.l2_to_warm_start:
+            run.anchor.add_l2_gradient(run.models.policy, cfg.l2_to_warm_start)
         norm = torch.nn.utils.clip_grad_norm_(run.trainable, cfg.grad_clip or math.inf)
         if not torch.isfinite(norm):
             raise TrainingError(
@@ -240,6 +265,7 @@ def end_epoch(run: Run, epoch: int, means: dict, seconds: float, curve: list[dic
     state.history.append(row)
     tracking.log_metrics(tracker, {**{k: v for k, v in row.items() if k != "epoch"}, "epoch_seconds": seconds},
                          step=state.step)
+    validate_mixtures(run, epoch, tracker)
     if run.world.is_main:
         log.info("epoch %d: %s", epoch, ", ".join(f"{k}={v:.4f}" for k, v in row.items() if k != "epoch"))
         keep_epoch(run, epoch)
@@ -272,7 +298,8 @@ def finish(run: Run, tracker) -> TrainResult:
         if tracker is not None:
             import mlflow
 
-            mlflow.set_tags({"pgrank.selection.rule": cfg.selection.rule, "pgrank.selection.epoch": chosen["epoch"]})
+            mlflow.set_tags({"pgrank.selection.rule": cfg.selection.rule, "pgrank.selection.epoch": chosen["epoch"],
+                             "pgrank.selection.alpha": chosen["alpha"]})
     version = None
     if run.world.is_main:
         log_dir = paths.training_log(run.warm_start, run.objective)

@@ -66,6 +66,10 @@ CASES = [
     ("whole", "loo", "ndcg@10", 1.0, False),
     ("whole", "loo", "ndcg@2", 0.5, True),
     ("whole", "none", "recall@2", 1.5, False),
+    ("plrank3", "loo", "ndcg@10", 1.0, False),
+    ("plrank3", "loo", "ndcg@2", 0.5, True),
+    ("plrank3", "none", "dcg@3", 2.0, False),
+    ("plrank3", "loo", "recall@2", 1.5, True),
 ]
 
 
@@ -86,7 +90,7 @@ def test_ranking_entropy_estimator_is_unbiased():
     scores, _, _ = problem(seed=5)
     zero = torch.zeros_like(scores)
     exact = exact_gradient(scores, zero, None, "ndcg@10", 0.8, entropy_coef=1.0)
-    for estimator in ["per_rank", "whole"]:
+    for estimator in ["per_rank", "whole", "plrank3"]:
         mean, se = mean_estimate(
             scores, zero, None, utility="ndcg@10", estimator=estimator, temperature=0.8,
             entropy_coef=1.0, entropy="ranking",
@@ -110,8 +114,12 @@ def test_custom_whole_ranking_utility_is_unbiased(monkeypatch):
     exact = exact_gradient(scores, relevance, None, name, 1.0)
     mean, se = mean_estimate(scores, relevance, None, utility=name, estimator="whole", temperature=1.0)
     assert torch.all((mean - exact).abs() <= 4 * se + 1e-9), (exact, mean, se)
-    with pytest.raises(ValueError, match="not rank-decomposable"):
-        pg_loss(scores, relevance, num_samples=4, utility=name, estimator="per_rank")
+    for estimator in ["per_rank", "plrank3"]:
+        with pytest.raises(ValueError, match="not rank-decomposable"):
+            pg_loss(scores, relevance, num_samples=4, utility=name, estimator=estimator)
+    for prefix_utility in ["mrr@3", "ap@4"]:  # not linear in the placed documents' gains
+        with pytest.raises(ValueError, match="place weights times document gains"):
+            pg_loss(scores, relevance, num_samples=4, utility=prefix_utility, estimator="plrank3")
 
 
 def test_top1_entropy_term_is_exact():
@@ -127,13 +135,13 @@ def test_top1_entropy_term_is_exact():
 def test_zero_relevance_gives_zero_gradient_even_for_huge_scores():
     for scale in [1.0, 1e4]:
         scores = (torch.randn(4, 50) * scale).requires_grad_(True)
-        for estimator in ["per_rank", "whole"]:
+        for estimator in ["per_rank", "whole", "plrank3"]:
             scores.grad = None
             pg_loss(scores, torch.zeros(4, 50), num_samples=16, estimator=estimator, temperature=0.05).backward()
             assert torch.equal(scores.grad, torch.zeros_like(scores))
 
 
-@pytest.mark.parametrize("estimator", ["per_rank", "whole"])
+@pytest.mark.parametrize("estimator", ["per_rank", "whole", "plrank3"])
 def test_no_nan_for_huge_logits(estimator):
     g = torch.Generator().manual_seed(0)
     scores = (torch.randn(4, 100, generator=g) * 500).requires_grad_(True)  # / 0.05 -> logits ~ 1e4
@@ -243,7 +251,8 @@ def test_the_sampled_ranking_kl_is_unbiased_for_the_exact_kl(utility, padded):
 
 @pytest.mark.parametrize("estimator,utility,kl_kind", [
     ("per_rank", "ndcg@10", "ranking"), ("per_rank", "ndcg@2", "ranking"), ("whole", "ndcg@10", "ranking"),
-    ("per_rank", "ndcg@10", "top1"),
+    ("per_rank", "ndcg@10", "top1"), ("plrank3", "ndcg@10", "ranking"), ("plrank3", "ndcg@2", "ranking"),
+    ("plrank3", "ndcg@10", "top1"),
 ])
 def test_the_regularised_estimator_is_unbiased(estimator, utility, kl_kind):
     scores, relevance, _ = problem(seed=13)
@@ -274,7 +283,7 @@ def test_kl_needs_reference_scores():
     assert out.kl.item() == 0.0
 
 
-@pytest.mark.parametrize("estimator", ["per_rank", "whole"])
+@pytest.mark.parametrize("estimator", ["per_rank", "whole", "plrank3"])
 def test_no_mask_is_an_all_true_mask(estimator):
     """mask=None skips every masking op; it must compute what an all-True mask computes."""
     g = torch.Generator().manual_seed(2)

@@ -72,6 +72,33 @@ def test_listmle_breaks_ties_uniformly_at_random():
     assert seen == {(a, b, c, d) for a, b in itertools.permutations([0, 2]) for c, d in itertools.permutations([1, 3])}
 
 
+def test_listmle_topk_is_the_pl_likelihood_of_the_relevant_places_only():
+    scores = torch.randn(2, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    rel = torch.tensor([[0.0, 2.0, 0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0, 0.0, 0.0]], dtype=torch.float64)
+    mask = torch.ones(2, 6, dtype=torch.bool)
+    mask[0, -1] = False  # a padded slot never enters a denominator
+    T = 0.5
+    out = OBJECTIVES["listmle_topk"](scores, rel, mask, temperature=T)
+    # the grade-2 document first, then the grade-1 one, out of the real candidates; nothing after them
+    remaining, nll = [0, 1, 2, 3, 4], 0.0
+    for d in [1, 3]:
+        nll -= scores[0, d] / T - torch.logsumexp(scores[0, remaining] / T, 0)
+        remaining.remove(d)
+    assert torch.allclose(out.loss, nll)  # the query without a relevant candidate contributes nothing
+    # one relevant candidate: exactly InfoNCE's cross-entropy over the whole candidate set
+    one = torch.tensor([[0.0, 1.0, 0.0, 0.0, 0.0, 0.0]], dtype=torch.float64)
+    topk = OBJECTIVES["listmle_topk"](scores[:1], one, None, temperature=T).loss
+    assert torch.allclose(topk, torch.nn.functional.cross_entropy(scores[:1] / T, torch.tensor([1])))
+
+
+def test_listmle_topk_gradients_move_the_relevant_candidates_up():
+    scores = torch.zeros(1, 8, dtype=torch.float64, requires_grad=True)
+    rel = torch.tensor([[0.0, 0.0, 1.0, 0.0, 0.0, 2.0, 0.0, 0.0]], dtype=torch.float64)
+    OBJECTIVES["listmle_topk"](scores, rel, None, temperature=1.0).loss.backward()
+    grad = scores.grad[0]
+    assert grad[5] < grad[2] < 0 and (grad[[0, 1, 3, 4, 6, 7]] > 0).all()
+
+
 def lambdaloss_by_hand(scores: torch.Tensor, rel: torch.Tensor, T: float) -> torch.Tensor:
     """Wang et al. (2018), NDCG-Loss2++, pair by pair in the current ranking (linear gains)."""
     n = len(scores)

@@ -66,6 +66,22 @@ def test_per_rank_contributions_sum_to_the_whole_utility():
         assert (per_rank[..., u.depth :] == 0).all()  # nothing beyond the cut-off
 
 
+def test_rank_gains_give_the_whole_utility_where_the_utility_is_linear_in_gains():
+    relevance, rankings = random_graded_problem(seed=1)
+    mask = torch.ones_like(relevance, dtype=torch.bool)
+    mask[::2, -5:] = False  # padded slots with real grades: neither gained nor in the ideal
+    rankings = torch.stack([torch.cat([r[m], r[~m]]) for r, m in zip(torch.arange(30).expand(25, 30), mask)])
+    rankings = rankings.unsqueeze(1)  # (B, 1, n): the real candidates first, as in every sampled ranking
+    for name in ["ndcg@10", "dcg@5", "recall@10", "ndcg@100"]:
+        u = get_utility(name)
+        gains, theta = u.rank_gains(relevance, mask)
+        K = min(u.depth, rankings.shape[-1])
+        linear = (torch.gather(gains, 1, rankings[:, 0, :K]) * theta[:K]).sum(-1)
+        assert torch.allclose(linear, u.whole(rankings, relevance, mask)[:, 0]), name
+        assert (gains[~mask] == 0).all()
+    assert get_utility("mrr@10").rank_gains is None and get_utility("ap@10").rank_gains is None
+
+
 def test_zero_relevance_gives_zero_utility():
     rankings = torch.arange(6).view(1, 1, 6)
     for name in ["ndcg@10", "mrr@10", "recall@10", "ap@10"]:

@@ -12,11 +12,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import site
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from dependency_closure import stage_files
 from shrunk import project_copy, sliced_mirror, write_smoke_profile
 
@@ -48,6 +50,28 @@ def _status(ws: Path) -> dict:
     return {k: v for k, v in status.items() if v != ["always changed"]}
 
 
+def fresh_venv(path: Path) -> Path:
+    """A new venv that sees every package the tests run with, so that pip has nothing to fetch.
+
+    ``--system-site-packages`` shows the base interpreter's packages: all of them when the tests run on a
+    plain interpreter (CI), none of the user's when they run inside a venv, whose ``python -m venv`` builds
+    on the base interpreter too. So a venv's own site-packages are added with ``site.addsitedir`` (from a
+    ``.pth`` file, which also runs their ``.pth`` files, as the base interpreter's are run), after the new
+    venv's own: what the new venv installs comes first, as on a plain interpreter.
+    """
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(path)], check=True)
+    python = path / "bin" / "python"
+    # the venv's own old setuptools would shadow the installed one that builds the editable wheel
+    subprocess.run([str(python), "-m", "pip", "uninstall", "-y", "-q", "setuptools"], check=True, capture_output=True)
+    if sys.prefix != sys.base_prefix:
+        own = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                             check=True, capture_output=True, text=True).stdout.strip()
+        outer = [d for d in site.getsitepackages() if not d.startswith(sys.base_prefix)]
+        # named to sort after the .pth files pip writes there (an editable install's), which run first
+        Path(own, "~outer-venv.pth").write_text("".join(f"import site; site.addsitedir({d!r})\n" for d in outer))
+    return path
+
+
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory, beir_mirror, tiny_model_dir):
     """A fresh clone, ../shared/data/beir beside it, a fresh venv, and the README's demo line run in the clone."""
@@ -57,10 +81,7 @@ def demo_run(tmp_path_factory, beir_mirror, tiny_model_dir):
     subprocess.run(["git", "clone", "-q", str(source), str(clone)], check=True)
     sliced_mirror(beir_mirror, tmp / "shared" / "data" / "beir")
     write_smoke_profile(clone, tiny_model_dir)
-    venv = tmp / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
-    # the venv's own old setuptools would shadow the installed one that builds the editable wheel
-    subprocess.run([str(venv / "bin" / "pip"), "uninstall", "-y", "-q", "setuptools"], check=True, capture_output=True)
+    venv = fresh_venv(tmp / "venv")
     env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "PGRANK_BEIR_MIRROR", "VIRTUAL_ENV")}
     env.update(PATH=f"{venv / 'bin'}{os.pathsep}{env['PATH']}", PGRANK_PROFILE="smoke", HF_HUB_OFFLINE="1",
                PIP_NO_INDEX="1", PIP_NO_BUILD_ISOLATION="0", PIP_DISABLE_PIP_VERSION_CHECK="1")
@@ -99,6 +120,9 @@ def test_the_readme_demo_line_runs_verbatim_from_a_fresh_clone(demo_run):
     assert status.split() == ["??", "profiles/smoke.yaml"]  # nothing tracked was touched
     lock = (ws / "dvc.lock").read_text()
     assert str(clone) not in lock and str(ws) not in lock  # no absolute paths in what DVC records
+    outs = {out["path"] for stage in yaml.safe_load(lock)["stages"].values() for out in stage.get("outs", [])}
+    files = [f for out in outs for f in ([ws / out] if (ws / out).is_file() else (ws / out).rglob("*")) if f.is_file()]
+    assert len(files) > 50 and not [f for f in files if str(clone).encode() in f.read_bytes()]  # nor in its outputs
 
 
 @pytest.mark.integration

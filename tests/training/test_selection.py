@@ -80,3 +80,98 @@ def test_training_validates_out_of_domain_and_keeps_the_selected_epoch_as_the_po
     stopped = result.history[-1]["epoch"]
     assert stopped == min(params.train.epochs, chosen + 1)  # patience 1: one epoch past the selected one, at most
     assert policy_system(params, paths, f"pgrank-{name}").query_model == str(paths.selected_checkpoint(name))
+
+
+MIXED = HISTORY + [{"epoch": e, "alpha": a, "val_ndcg@10": ind, f"val_{OOD}_ndcg@10": ood}
+                   for e, a, ind, ood in [(3, 0.5, 0.58, 0.399), (4, 0.5, 0.61, 0.398), (4, 0.25, 0.56, 0.401)]]
+
+
+def test_the_rule_picks_an_epoch_and_its_mixture_among_the_listed_alphas():
+    from pgrank.training.selection import select_row
+
+    guarded = SelectionConfig(rule="guarded", margin=0.005, interpolation=[0.25, 0.5, 1])
+    assert (select_row(MIXED, [OOD], guarded)["epoch"], select_row(MIXED, [OOD], guarded).get("alpha")) == (4, 0.5)
+    only_plain = SelectionConfig(rule="guarded", margin=0.005)  # interpolation [1]: mixtures are not candidates
+    assert select_row(MIXED, [OOD], only_plain) == HISTORY[2]
+    assert select_row(MIXED, [OOD], SelectionConfig(rule="last")) == HISTORY[-1]  # last: the last epoch as trained
+    assert summary(MIXED, [OOD], guarded)["alpha"] == 0.5
+    assert SelectionConfig(interpolation=[0.5, 1, 0.25]).interpolation == [1, 0.5, 0.25]
+
+
+def test_mixtures_need_a_rule_that_chooses_and_alphas_in_range(tmp_path, tiny_model_dir):
+    with pytest.raises(ConfigError, match="interpolation .* needs selection.rule"):
+        make_project(tmp_path, tiny_model_dir, overrides={"train.selection": {"interpolation": [0.5, 1]}})
+    with pytest.raises(ConfigError, match="interpolation"):
+        make_project(tmp_path, tiny_model_dir, overrides={"train.selection": {"rule": "in_domain", "interpolation": [0, 1]}})
+
+
+def test_a_selected_mixture_is_the_policy_and_equals_the_interpolated_weights(tmp_path, tiny_model_dir, monkeypatch):
+    """Every epoch's mixtures are validated; the chosen (epoch, alpha) is saved as the policy, with weights
+    (1 - alpha) * warm start + alpha * that epoch's, in every parameter. (A toy model may not beat its warm start
+    in domain: the choice is pinned to the latest mixture, so that the mixture is what gets saved.)"""
+    import torch
+    from safetensors.torch import load_file
+
+    from pgrank.models.checkpoint_meta import read_checkpoint_meta
+    from pgrank.training.trainer import train
+    from pgrank.training.weight_space import Anchor
+
+    name = str(tiny_model_dir)
+    params, paths = _with_other_dataset(tmp_path, tiny_model_dir, {
+        "train.epochs": 2, "train.tower": "both", "train.learning_rate": 3e-3, "train.keep_epochs": [0, 1, 2],
+        "train.selection": {"rule": "guarded", "margin": 1.0, "interpolation": [0.3]}})
+    from pgrank.training import selection
+
+    monkeypatch.setattr(selection, "select_row", lambda history, sets, cfg: history[-1])
+    result = train(params, paths, name, device="cpu", progress=False)
+    assert [(r["epoch"], r.get("alpha", 1.0)) for r in result.history] == [(0, 1.0), (1, 1.0), (1, 0.3), (2, 1.0), (2, 0.3)]
+    chosen = result.history[-1]
+    assert chosen.get("alpha") == 0.3
+    meta = read_checkpoint_meta(result.final)
+    assert meta["epoch"] == chosen["epoch"] and meta.get("alpha", 1.0) == chosen.get("alpha", 1.0)
+    # the policy's weights are (1 - alpha) * warm start + alpha * the chosen epoch's, checked against both checkpoints
+    weight = chosen.get("alpha", 1.0)
+    warm, epoch = (load_file(str(paths.checkpoint(name, e) / "model.safetensors")) for e in (0, chosen["epoch"]))
+    policy = load_file(str(result.final / "model.safetensors"))
+    for key in warm:
+        if warm[key].is_floating_point():
+            assert torch.allclose(policy[key], (1 - weight) * warm[key] + weight * epoch[key], atol=1e-6), key
+    with open(paths.training_log(name) / "history.json") as fh:
+        assert json.load(fh) == result.history
+    # and the mixing itself, on a model of two parameters
+    model = torch.nn.Linear(3, 2)
+    anchor = Anchor.of(model)
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    with anchor.interpolated(model, 0.3):
+        assert torch.allclose(model.weight, anchor.weights["weight"] + 0.3)
+    assert torch.allclose(model.weight, anchor.weights["weight"] + 1.0)  # restored
+
+
+def test_l2_to_the_warm_start_adds_its_gradient_and_keeps_the_policy_closer(tmp_path, tiny_model_dir):
+    import torch
+
+    from pgrank.training.trainer import train
+    from pgrank.training.weight_space import Anchor
+
+    model = torch.nn.Linear(3, 2)
+    anchor = Anchor.of(model)
+    with torch.no_grad():
+        model.weight.add_(0.5)
+    model.weight.grad = torch.zeros_like(model.weight)
+    anchor.add_l2_gradient(model, 0.1)
+    assert torch.allclose(model.weight.grad, torch.full_like(model.weight, 2 * 0.1 * 0.5))
+    assert model.bias.grad is None  # a parameter without a gradient gets none
+
+    distances = {}
+    for coef in (0.0, 10.0):
+        params, paths = make_project(tmp_path / f"l2-{coef}", tiny_model_dir, overrides={
+            "train.tower": "both", "train.epochs": 1, "train.keep_epochs": [0, 1], "train.learning_rate": 3e-3,
+            "train.l2_to_warm_start": coef})
+        final = train(params, paths, str(tiny_model_dir), device="cpu", progress=False).final
+        from safetensors.torch import load_file
+
+        warm = load_file(str(paths.checkpoint(str(tiny_model_dir), 0) / "model.safetensors"))
+        last = load_file(str(final / "model.safetensors"))
+        distances[coef] = sum(float((last[k] - warm[k]).pow(2).sum()) for k in warm if warm[k].is_floating_point())
+    assert 0 < distances[10.0] < distances[0.0]

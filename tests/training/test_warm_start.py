@@ -9,15 +9,15 @@ from pgrank.training.trainer import train
 
 def _count_reads(monkeypatch) -> list[str]:
     """Every model that pgrank reads from disk from now on, by the folder it names."""
-    from pgrank.models import hub
+    from pgrank.models import loading
 
-    read, real = [], hub.load_encoder
+    read, real = [], loading.load_encoder
 
     def counted(name, *args, **kwargs):
         read.append(str(getattr(name, "local_dir", None) or name))
         return real(name, *args, **kwargs)
 
-    monkeypatch.setattr(hub, "load_encoder", counted)
+    monkeypatch.setattr(loading, "load_encoder", counted)
     return read
 
 

@@ -1,0 +1,243 @@
+"""Training variants of a profile's policy, side by side, chosen on validation only: ``python bench/variants.py``.
+
+Trains the profile's policy (``--profile demo``: all-MiniLM-L6-v2 on scifact, ``tower: query``; ``--profile compare``:
+the same data with the compare profile's settings) once per variant and seed. A variant is a name and ``--set``-style
+overrides (``objective=O`` picks the loss), e.g.::
+
+    --variant "plrank3: train.pg.estimator=plrank3"
+    --variant "wise-ft: train.selection.interpolation=[0.25, 0.5, 0.75, 1]"
+    --variant "infonce: objective=infonce"
+
+The datasets, corpus embeddings and candidate sets are built once and shared (the variants differ only in
+training). Every run validates each epoch (and each mixture with the warm start, with ``interpolation``) on
+scifact's carved validation split (in domain) and on the profile's out-of-domain validation sets (``nfcorpus/dev``
+for the demo), and its selection rule picks the policy. **Choosing** uses those validation figures only: the record's
+``chosen`` variant is the one with the best mean in-domain validation gain among those whose mean out-of-domain
+validation loss stays within ``--margin``. ``--test`` also evaluates each run's policy on scifact/test and
+nfcorpus/test (reranking and first stage), for reporting: mean and standard deviation over seeds, and a paired
+t-test of per-query means over seeds against the first variant and against the warm start.
+
+Writes ``bench/out/variants-<profile>.json`` (``--out``) with the machine, and prints its tables.
+
+Example:
+    $ python bench/variants.py --profile demo --work /tmp/variants --seeds 42 \\
+        --variant "demo:" --variant "wise-ft: train.selection.interpolation=[0.25, 0.5, 0.75, 1]"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+
+from machine import machine_record  # noqa: E402
+
+SHARED = ("datasets", "splits", "training-sets", "candidates")  # built once, linked into every run's root
+TEST = [("scifact", "rerank"), ("scifact", "full"), ("nfcorpus", "rerank"), ("nfcorpus", "full")]
+
+
+def parse_variant(text: str) -> tuple[str, str, list[str]]:
+    """``"name: key=value key=value"`` -> ``(name, objective, overrides)``; values may hold spaces inside brackets."""
+    name, _, rest = text.partition(":")
+    overrides, objective, depth, token = [], "pg", 0, ""
+    for ch in rest.strip() + " ":
+        depth += ch in "[{" and 1 or (-1 if ch in "]}" else 0)
+        if ch == " " and depth == 0:
+            if token:
+                key, _, value = token.partition("=")
+                if key == "objective":
+                    objective = value
+                else:
+                    overrides.append(token)
+            token = ""
+        else:
+            token += ch
+    return name.strip(), objective, overrides
+
+
+def _params(args, root: Path, extra: list[str]):
+    from pgrank.config import load_params
+
+    return load_params(ROOT / "params.yaml", [
+        f"paths.root={root}", f"paths.data={args.work / 'data'}", f"paths.embeddings={args.work / 'embeddings'}",
+        f"data.mirror={args.mirror}", "tracking.enabled=false", "data.eval_sets={scifact: [test], nfcorpus: [test]}",
+        "evaluate.policy_epochs=[]", *args.overrides, *extra], profile=args.profile)
+
+
+def _link_shared(root: Path, base: Path) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    for name in SHARED:
+        if not (root / name).exists():
+            (root / name).symlink_to(base / name)
+    (root / "results").mkdir(exist_ok=True)
+    if not (root / "results" / "minilm").exists():
+        (root / "results" / "minilm").symlink_to(base / "results" / "minilm")
+
+
+def _test(paths, system: str) -> dict:
+    out = {}
+    for dataset, stage in TEST:
+        folder = paths.results(system, dataset, "test", stage)
+        record = json.loads((folder / "metrics.json").read_text())
+        per_query = json.loads((folder / "per_query.json").read_text())
+        out[f"{dataset}/{stage}"] = {"ndcg@10": record["metrics"]["ndcg@10"],
+                                     "per_query": {q: m["ndcg@10"] for q, m in per_query.items()}}
+    return out
+
+
+def run(args) -> dict:
+    from pgrank.download.stage import download
+    from pgrank.evaluation.stage import evaluate_dataset
+    from pgrank.mining.candidate_sets import evaluation_targets, mine_splits, training_targets, validation_targets
+    from pgrank.paths import Paths
+    from pgrank.training.selection import alpha, select_row, set_key
+    from pgrank.training.trainer import train
+
+    base = args.work / "runs" / "base"
+    params = _params(args, base, [])
+    paths = Paths.from_config(params.paths)
+    started = time.perf_counter()
+    download(params, paths, progress=False)
+    mine_splits(params, paths, training_targets(params) + evaluation_targets(params), progress=False)
+    if params.train.validation_sets:
+        mine_splits(params, paths, validation_targets(params), progress=False, training=True)
+    if args.test:
+        for dataset in ("scifact", "nfcorpus"):
+            evaluate_dataset(params, paths, "minilm", dataset)
+    record = {"setup_seconds": round(time.perf_counter() - started), "ood": list(params.train.validation_sets),
+              "warm": _test(paths, "minilm") if args.test else None, "runs": []}
+    print(f"shared setup: {record['setup_seconds']} s", flush=True)
+    for spec in args.variant:
+        name, objective, overrides = parse_variant(spec)
+        for seed in args.seeds:
+            root = args.work / "runs" / f"{name}-s{seed}"
+            _link_shared(root, base)
+            p = _params(args, root, [*overrides, f"train.seed={seed}"])
+            run_paths = Paths.from_config(p.paths)
+            t0 = time.perf_counter()
+            result = train(p, run_paths, "minilm", objective=objective, device="cpu", progress=False)
+            seconds = time.perf_counter() - t0
+            chosen = select_row(result.history, p.train.validation_sets, p.train.selection)
+            warm = result.history[0]
+            row = {"variant": name, "objective": objective, "overrides": overrides, "seed": seed,
+                   "seconds": round(seconds, 1), "epoch": chosen["epoch"], "alpha": alpha(chosen),
+                   "val_in": chosen["val_ndcg@10"] - warm["val_ndcg@10"],
+                   "val_ood": {s: chosen[set_key(s)] - warm[set_key(s)] for s in p.train.validation_sets},
+                   "history": result.history}
+            if args.test:
+                system = "pgrank-minilm" if objective == "pg" else f"pgrank-minilm+{objective}"
+                for dataset in ("scifact", "nfcorpus"):
+                    evaluate_dataset(p, run_paths, system, dataset)
+                row["test"] = _test(run_paths, system)
+            record["runs"].append(row)
+            print(f"{name} seed {seed}: epoch {row['epoch']} alpha {row['alpha']:g}, val in {row['val_in']:+.4f}, "
+                  f"ood {json.dumps({k: round(v, 4) for k, v in row['val_ood'].items()})}, {seconds:.0f} s", flush=True)
+    return record
+
+
+def summarise(record: dict, margin: float) -> dict:
+    """Per variant: mean validation gains over seeds, the choice on validation only, and (with test figures) the
+    means, standard deviations and paired t-tests of per-query means over seeds."""
+    from pgrank.core.significance import paired_test
+
+    variants = list(dict.fromkeys(r["variant"] for r in record["runs"]))
+    out = {}
+    for name in variants:
+        runs = [r for r in record["runs"] if r["variant"] == name]
+        ood = {s: statistics.mean(r["val_ood"][s] for r in runs) for s in record["ood"]}
+        entry = {"seeds": len(runs), "val_in": statistics.mean(r["val_in"] for r in runs), "val_ood": ood,
+                 "choices": [(r["epoch"], r["alpha"]) for r in runs], "seconds": statistics.mean(r["seconds"] for r in runs)}
+        if runs[0].get("test"):
+            entry["test"] = {}
+            for key in runs[0]["test"]:
+                values = [r["test"][key]["ndcg@10"] for r in runs]
+                qids = runs[0]["test"][key]["per_query"]
+                per_query = {q: statistics.mean(r["test"][key]["per_query"][q] for r in runs) for q in qids}
+                entry["test"][key] = {"mean": statistics.mean(values),
+                                      "sd": statistics.stdev(values) if len(values) > 1 else None,
+                                      "per_query": per_query}
+        out[name] = entry
+    eligible = [n for n in variants if all(v >= -margin for v in out[n]["val_ood"].values())]
+    chosen = max(eligible, key=lambda n: out[n]["val_in"]) if eligible else None
+    if record.get("warm") and variants and out[variants[0]].get("test"):
+        first = variants[0]
+        for name in variants:
+            for key, cell in out[name]["test"].items():
+                cell["p_first"] = None if name == first else paired_test(cell["per_query"], out[first]["test"][key]["per_query"], "student")
+                cell["p_warm"] = paired_test(cell["per_query"], record["warm"][key]["per_query"], "student")
+    for entry in out.values():
+        for cell in entry.get("test", {}).values():
+            cell.pop("per_query", None)
+    return {"variants": out, "chosen": chosen, "margin": margin}
+
+
+def render(record: dict) -> str:
+    summary, ood = record["summary"], record["ood"]
+    head = ["variant", "seeds", "policy (epoch, alpha)", "val in-domain Δ", *[f"val {s} Δ" for s in ood]]
+    has_test = any("test" in v for v in summary["variants"].values())
+    if has_test:
+        head += [f"test {d} {s}" for d, s in TEST]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * 3 + " ---: |" * (len(head) - 3)]
+    if has_test and record.get("warm"):
+        lines.append("| warm start | | | | " + " | ".join("" for _ in ood) + " | "
+                     + " | ".join(f"{record['warm'][f'{d}/{s}']['ndcg@10']:.4f}" for d, s in TEST) + " |")
+    for name, v in summary["variants"].items():
+        choices = ", ".join(f"({e}, {a:g})" for e, a in v["choices"])
+        cells = [name, str(v["seeds"]), choices, f"{v['val_in']:+.4f}", *[f"{v['val_ood'][s]:+.4f}" for s in ood]]
+        for d, s in TEST if "test" in v else []:
+            c = v["test"][f"{d}/{s}"]
+            sd = f" ± {c['sd']:.4f}" if c.get("sd") is not None else ""
+            ps = ", ".join(f"{label} {c[k]:.2g}" for label, k in (("p₁", "p_first"), ("p₀", "p_warm")) if c.get(k) is not None)
+            cells.append(f"{c['mean']:.4f}{sd} ({ps})" if ps else f"{c['mean']:.4f}{sd}")
+        lines.append("| " + " | ".join(cells) + " |")
+    text = ["\n".join(lines), "",
+            f"Validation only chooses: **{summary['chosen']}** (the best mean in-domain validation gain among the variants "
+            f"whose mean out-of-domain validation change is at least −{summary['margin']})."]
+    if has_test:
+        text.append("Test cells: nDCG@10, mean ± standard deviation over seeds (p₁: paired t-test of per-query means over "
+                    "seeds against the first variant; p₀: against the warm start). They are reported, never used to choose.")
+    return "\n".join(text)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--profile", default="demo")
+    parser.add_argument("--work", type=Path, required=True)
+    parser.add_argument("--mirror", default=str(ROOT.parent / "shared" / "data" / "beir"))
+    parser.add_argument("--variant", action="append", required=True, help='"name: key=value ..." (repeatable)')
+    parser.add_argument("--seeds", type=int, nargs="+", default=[42])
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="an override for every variant (and the shared setup), e.g. train.validation_sets=[nfcorpus/dev]")
+    parser.add_argument("--margin", type=float, default=0.005, help="out-of-domain validation loss allowed in the choice")
+    parser.add_argument("--test", action="store_true", help="also evaluate every policy on the test sets (reporting only)")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    args.work = args.work.resolve()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from pgrank.atomic import write_json
+
+    record = {"command": "python " + " ".join(["bench/variants.py", *sys.argv[1:]]),
+              "title": f"Training variants of the {args.profile} profile, chosen on validation", "machine": machine_record(),
+              "profile": args.profile, **run(args)}
+    record["summary"] = summarise(record, args.margin)
+    for r in record["runs"]:  # per-query figures stay out of the record (the summary holds their tests)
+        for cell in (r.get("test") or {}).values():
+            cell.pop("per_query", None)
+    if record.get("warm"):
+        for cell in record["warm"].values():
+            cell.pop("per_query", None)
+    out = args.out or ROOT / "bench" / "out" / f"variants-{args.profile}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_json(out, record)
+    print(render(record))
+
+
+if __name__ == "__main__":
+    main()

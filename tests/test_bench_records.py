@@ -1,0 +1,207 @@
+"""Every benchmark writes a record (command, title, machine, results) that the docs' benchmarks page renders.
+
+The scripts that measure something in seconds run here for real, with their smallest arguments and a tiny encoder,
+into a temporary ``--out`` folder; ``docs/generate.py`` then renders the benchmarks page from that folder, and every
+record must appear on it with its command, its machine and its script's ``render(record)``, the text the script
+printed. The scripts whose smallest run takes minutes (``compare_lr``, ``kl_ablation`` and ``scale`` train or run
+the pipeline; ``embedding_precision`` encodes whole corpora with MiniLM), and the parts of the others that do
+(``backends``' quality guard, ``mining``'s peak RSS, ``training``'s memory), are rendered from records shaped by the
+scripts' own functions over fixture values, which are not measurements.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import json
+import runpy
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "bench"
+
+
+def _load(path: Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def generate():
+    """``docs/generate.py`` and the bench scripts' own imports (``bench/record.py``, ``bench/machine.py``)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(BENCH))
+        yield _load(ROOT / "docs" / "generate.py", "_docs_generate")
+
+
+def script(name: str):
+    """``bench/<name>.py`` as a module (its ``render`` and result functions), without running it."""
+    return _load(BENCH / f"{name}.py", f"_bench_{name}")
+
+
+def _runs(tiny: Path, mirror: Path, work: Path) -> dict[str, list[str]]:
+    """Each quick script with its smallest arguments."""
+    return {
+        "estimator": ["-B", "2", "-n", "50", "-N", "10", "20", "--loop-samples", "10", "--repeats", "1"],
+        "search": ["--docs", "2000", "--queries", "10", "--k", "10", "--repeats", "1"],
+        "evaluation": ["--docs", "1000", "--queries", "5", "--candidates", "100"],
+        "tables": ["--repeats", "1", "--formats", "md", "--steps-per-epoch", "1"],
+        "training": ["--model", str(tiny), "--skip-memory", "-n", "10", "--queries", "2", "--repeats", "1",
+                     "--doc-len", "8"],
+        "mining": ["--model", str(tiny), "--mirror", str(mirror), "--docs", "8", "--batch-size", "4", "--chunk-size", "4",
+                   "--max-seq-length", "32", "--repeats", "1", "--skip", "rss"],
+        "backends": ["--work", str(work / "backends"), "--model", str(tiny), "--backends", "torch", "--docs", "8",
+                     "--batch-size", "4", "--repeats", "1", "--eval-sets", "scifact/test", "--skip-quality"],
+    }
+
+
+@pytest.fixture(scope="module")
+def recorded(generate, tmp_path_factory, tiny_model_dir, beir_mirror) -> tuple[Path, dict[str, str]]:
+    """``(the --out folder, {script: what it printed})``: every quick script run once, as ``python bench/<name>.py``
+    runs it (in this process, which has torch and sentence-transformers imported already)."""
+    pytest.importorskip("faiss", reason="bench/search.py compares against FAISS (pgrank[cpu])")
+    work = tmp_path_factory.mktemp("bench-work")
+    out = work / "out"
+    printed = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(work)  # MLflow's default artifact folder (./mlruns) lands here, not in the checkout
+        mp.setenv("PGRANK_BEIR_MIRROR", str(beir_mirror))
+        mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{work / 'mlflow.db'}")  # one tracking database for all
+        for name, args in _runs(tiny_model_dir, beir_mirror, work).items():
+            mp.setattr(sys, "argv", [f"bench/{name}.py", *args, "--out", str(out / f"{name}.json")])
+            buffer = io.StringIO()
+            with contextlib.redirect_stdout(buffer):
+                runpy.run_path(str(BENCH / f"{name}.py"), run_name="__main__")
+            printed[name] = buffer.getvalue()
+    return out, printed
+
+
+QUICK = ["estimator", "search", "evaluation", "tables", "training", "mining", "backends"]
+
+
+@pytest.mark.parametrize("name", QUICK)
+def test_a_script_writes_its_record_and_prints_its_rendering(recorded, name):
+    out, printed = recorded
+    record = json.loads((out / f"{name}.json").read_text())
+    assert record["command"].startswith(f"python bench/{name}.py ")
+    assert record["command"].endswith(f"--out {out / f'{name}.json'}")
+    assert record["title"] and "\n" not in record["title"]
+    assert record["machine"]["cores"] >= 1 and record["machine"]["libraries"]["torch"]
+    rendered = script(name).render(record)
+    assert "| --- " in rendered or "| ---: " in rendered  # at least one Markdown table
+    assert rendered in printed[name]  # what it printed is what the docs render
+
+
+def test_the_benchmarks_page_renders_every_record(generate, recorded):
+    out, _ = recorded
+    page = generate.benchmarks(out)
+    for name in QUICK:
+        record = json.loads((out / f"{name}.json").read_text())
+        section = page.split(f"## {record['title']}\n", 1)[1].split("\n## ", 1)[0]
+        assert f"`{record['command']}`" in section
+        assert f"Machine: {generate._machine(record['machine'])}." in section
+        assert script(name).render(record) in section
+
+
+# --------------------------------------------------------------------------------------- fixture records
+
+
+@pytest.fixture(scope="module")
+def head() -> dict:
+    """A record's head as ``bench/record.py`` writes it, on this machine."""
+    return {"title": "fixture", "machine": _load(BENCH / "machine.py", "_bench_machine").machine_record()}
+
+
+def as_written(record: dict) -> dict:
+    """The record as ``bench/record.py`` writes it and the docs read it back (JSON, keys sorted)."""
+    return json.loads(json.dumps(record, sort_keys=True))
+
+
+def test_compare_lr_renders_its_grid_and_the_chosen_rates(generate, head):
+    compare_lr = script("compare_lr")
+    results = {"pg": {1e-5: (0.60, 0.03, 100.0), 3e-5: (0.65, 0.08, 101.0), 1e-4: (0.62, 0.05, 99.0)},
+               "listmle": {1e-6: (0.57, 0.0, 98.0), 1e-5: (0.43, -0.14, 97.0)}}
+    record = {**head, "command": "python bench/compare_lr.py --work /tmp/lr", "profile": "compare",
+              "grid": [1e-5, 3e-5, 1e-4], "extend": 2, "objectives": ["pg", "listmle"], "setup_seconds": 60.0,
+              **compare_lr.grid_results(results)}
+    text = generate._render(as_written(record))
+    assert text.splitlines()[0] == "| objective | lr 1e-06 | lr 1e-05 | lr 3e-05 | lr 0.0001 | chosen |"
+    assert "| pg |  | 0.6000 (+0.0300, 100 s) | 0.6500 (+0.0800, 101 s) | 0.6200 (+0.0500, 99 s) | 3e-05 |" in text
+    assert text.endswith("{pg: 3e-05, listmle: 1e-06}")
+
+
+def test_kl_ablation_renders_every_run_and_the_setting_chosen_on_validation(generate, head):
+    kl = script("kl_ablation")
+
+    def test_figures(value: float, p: float | None) -> dict:
+        return {c: {"ndcg_at_10": value, "p": p} for c in kl.COLUMNS}
+
+    runs = [{"kl": label, "rule": rule, "epoch": epoch, "seconds": 100.0, "test": test_figures(value, 0.01),
+             "val_in": gain, "val_ood": {"nfcorpus/dev": ood}}
+            for label, rule, epoch, value, gain, ood in [("none", "last", 4, 0.73, 0.10, -0.006),
+                                                         ("none", "guarded", 4, 0.73, 0.10, -0.006),
+                                                         ("top1 0.1", "last", 4, 0.72, 0.09, 0.004),
+                                                         ("top1 0.1", "guarded", 3, 0.71, 0.08, 0.004)]]
+    record = {**head, "command": "python bench/kl_ablation.py --work /tmp/kl", "coefs": [0.1], "kinds": ["top1"],
+              "ood": ["nfcorpus/dev"], "margin": 0.005, "columns": kl.COLUMNS, "setup_seconds": 60.0,
+              "warm_start": test_figures(0.65, None), "runs": runs, "chosen": kl.choose(runs, 0.005)}
+    text = generate._render(as_written(record))
+    assert "| (warm start) | 0 |  |  | 0.6500 | 0.6500 | 0.6500 | 0.6500 |" in text
+    assert "| top1 0.1 | 3 (guarded) | +0.0800 | +0.0040 | 0.7100 (+0.0600, p=0.01) |" in text
+    assert text.endswith("top1 0.1, guarded epoch 3")  # "none" gains more in domain but loses 0.006 > 0.005 out of it
+
+
+def test_scale_renders_its_fits_in_the_pipelines_order(generate, head):
+    scale = script("scale")
+    stages = ["download", "train@static", "evaluate-bm25@bm25-msmarco"]  # the order of the run, not of the alphabet
+
+    def fraction(f: float) -> dict:
+        return {"fraction": f, "stats": {"passages": int(8_841_823 * f)},
+                "stages": {s: {"wall_s": 4000 * f, "rss_mib": int(500 + 8000 * f)} for s in stages},
+                "sizes": {"corpus.jsonl": 2**20}, "train_pairs": 1000,
+                "bm25": {"queries": 64, "new_qps": 100.0, "old_qps": 10.0, "ratio": 10.0, "first_batch_s": 1.0,
+                         "numba": False}}
+
+    results = [fraction(0.01), fraction(0.1)]
+    record = {**head, "command": "python bench/scale.py", "fractions": [0.01, 0.1], "results": results,
+              "fits": scale.fit(results)}
+    lines = generate._render(as_written(record)).splitlines()
+    assert [line.split(" | ")[0] for line in lines[2:5]] == [f"| {s}" for s in stages]
+    assert lines[2].endswith("| 500 + 8000 f | 8.3 GiB | 1.1 h (f^1.00) |")
+    assert "f=0.1: 1,000 training candidate pairs; on disk: corpus.jsonl 1 MiB; BM25 mining 100.0 queries/s" in lines[-1]
+
+
+def test_embedding_precision_backends_mining_and_training_render_their_long_parts(generate, head):
+    ndcg = {"first_stage": 0.6451, "second_stage": 0.6452}
+    records = {
+        "embedding_precision": {"model": "sentence-transformers/all-MiniLM-L6-v2", "max_seq_length": 256,
+                                "split": "test", "datasets": [{"dataset": "scifact", "docs": 5183, "encode_s": 100.0,
+                                                               "ndcg_at_10": {"float32": ndcg, "float16": ndcg}}]},
+        "backends": {"model": "minilm", "threads": 2, "amx_bf16": False, "avx512_vnni": True, "int8_isa": "avx512_vnni",
+                     "auto": "onnx-int8", "throughput": {"passages": 8, "tokens": 256, "batch": 4, "repeats": 1,
+                                                         "backends": [{"backend": "torch", "docs_per_s": 40.0}]},
+                     "quality": [{"backend": "torch", "eval_set": "scifact/test", "ndcg_at_10": 0.6451, "bound": 0.005,
+                                  "docs_per_s": 30.0},
+                                 {"backend": "onnx-int8", "eval_set": "scifact/test", "ndcg_at_10": 0.6600,
+                                  "bound": 0.01, "docs_per_s": None}]},
+        "mining": {"cpus": 2, "threads": 2, "rss": {"model": "minilm", "max_seq_length": 64, "k": 1000, "sources": [
+            {"source": "bm25", "seconds": 20.0, "peak_mib": 400.0}, {"source": "dense", "exit_code": 1}]}},
+        "training": {"model": "minilm", "profile": "demo", "candidates": 100, "doc_len": 64, "chunk": 64, "repeats": 3,
+                     "threads": 2, "pg": {"num_samples": 200, "utility": "ndcg@10", "estimator": "per_rank",
+                                          "temperature": 0.05, "entropy": "top1", "entropy_coef": 0.01, "kl": "top1",
+                                          "kl_coef": 0.1},
+                     "towers": [], "memory": [{"chunks": "chunked", "n100_mib": 100.0, "n1000_mib": 120.0}]},
+    }
+    expected = {"embedding_precision": "| scifact | 5183 | second stage (rerank) | 0.64520 | 0.64520 | +0.00000 |",
+                "backends": "| onnx-int8 | scifact/test | 0.6600 | +0.0149 | 0.01 MISSED | (cached) |",
+                "mining": "| dense | failed (exit code 1) |  |",
+                "training": "| chunked | 100.0 | 120.0 | 1.20 |"}
+    for name, body in records.items():
+        record = {**head, "command": f"python bench/{name}.py", **body}
+        assert expected[name] in generate._render(as_written(record)), name
