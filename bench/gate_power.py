@@ -13,8 +13,8 @@ each challenger's per-query gain, centred at zero (the null) and shifted by a tr
    three chosen on the gate's own mean and then tested there (the rule the gate no longer uses).
 2. **Power** of one challenger with a true gain of 0.01, 0.02 and 0.03 nDCG@10, for the same gate sizes.
 
-Writes ``bench/out/gate_power.json`` (with the machine) and prints Markdown tables; ``docs/generate.py``
-renders the record through :func:`render`. A pure computation: about a minute on 2 cores.
+Writes ``bench/out/gate_power.json`` (``--out``; :mod:`record`: the command, the machine, the results) and prints
+Markdown tables; ``docs/generate.py`` renders the record through :func:`render`. A pure computation: about a minute on 2 cores.
 
 Example:
     $ python bench/gate_power.py                              # 4,000 simulated gates per cell
@@ -34,7 +34,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-from machine import machine_record  # noqa: E402
+from record import add_out_option, new_record, save, table  # noqa: E402
+
+TITLE = "Champion gate: false promotions and power"
 
 SPREAD = ROOT / "bench" / "data" / "scifact-demo-per-query.json"
 GATE_SIZES = (100, 300, 1000)
@@ -56,6 +58,7 @@ def write_spread(demo: Path, path: Path = SPREAD) -> None:
     """Keep the per-query nDCG@10 of the demo's warm start and policy on scifact/test (reranking) in ``path``."""
     from pgrank.atomic import write_json
 
+    composed = (demo / "params.yaml").read_text(encoding="utf-8").splitlines()[0].removeprefix("# ").split(";")[0]
     found = {}
     for key, folder in (("warm_start", demo / "results" / WARM), ("policy", demo / "results" / POLICY / "pg")):
         per_query = json.loads((folder / "scifact" / "test" / "rerank" / "per_query.json").read_text(encoding="utf-8"))
@@ -64,7 +67,8 @@ def write_spread(demo: Path, path: Path = SPREAD) -> None:
     write_json(path, {
         "source": f"per-query nDCG@10 on scifact/test, reranking the demo's 100 candidates: the warm start ({WARM}, "
                   f"all-MiniLM-L6-v2) and its policy ({POLICY})",
-        "command": f"PGRANK_BEIR_MIRROR=../shared/data/beir pgrank demo; python bench/gate_power.py --spread {demo}",
+        "params": composed,
+        "command": f"PGRANK_BEIR_MIRROR=../shared/data/beir pgrank demo; python bench/gate_power.py --spread runs/demo",
         **found})
 
 
@@ -95,52 +99,54 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--spread", type=Path, default=None, metavar="DEMO",
                         help="first refresh bench/data/ from a finished demo workspace, e.g. runs/demo")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "gate_power.json")
+    add_out_option(parser, __file__)
     args = parser.parse_args()
     if args.trials < 2000:
         parser.error("--trials: at least 2,000 simulated gates per cell")
 
-    from pgrank.atomic import write_json
-
     if args.spread is not None:
         write_spread(args.spread)
-    differences, baseline, source = read_spread()
+    record = new_record(TITLE)
+    record.update(measure(args.trials, args.seed))
+    save(record, args.out, render)
+
+
+def measure(trials: int, seed: int, spread: Path = SPREAD) -> dict:
+    """The record's results: the spread simulated, the null table, the power table, and the seconds they took."""
+    differences, baseline, source = read_spread(spread)
     started = time.perf_counter()
-    record = {"command": "python " + " ".join(["bench/gate_power.py", *sys.argv[1:]]),
-              "title": "Champion gate: false promotions and power", "machine": machine_record(),
-              "spread": {"source": source["source"], "file": str(SPREAD.relative_to(ROOT)), "queries": len(differences),
-                         "warm_start_mean": float(baseline.mean()), "mean_gain": float(differences.mean()),
-                         "sd_gain": float(differences.std(ddof=1)), "ties": float(np.mean(differences == 0))},
-              **simulate(differences, baseline, args.trials, args.seed)}
-    record["seconds"] = round(time.perf_counter() - started, 1)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    write_json(args.out, record)
-    print(render(record))
+    results = {"spread": {"source": source["source"], "params": source.get("params"),
+                          "file": str(spread.relative_to(ROOT)) if spread.is_relative_to(ROOT) else str(spread),
+                          "queries": len(differences), "warm_start_mean": float(baseline.mean()),
+                          "mean_gain": float(differences.mean()), "sd_gain": float(differences.std(ddof=1)),
+                          "ties": float(np.mean(differences == 0))},
+               **simulate(differences, baseline, trials, seed)}
+    results["seconds"] = round(time.perf_counter() - started, 1)
+    return results
 
 
 def render(record: dict) -> str:
     """The record as Markdown: the spread, the false-promotion rates and the power table."""
     s, rule = record["spread"], record["rule"]
-    out = [f"Simulated gates resample SciFact's per-query nDCG@10 ({s['source']}; {s['queries']} queries, `{s['file']}`): "
-           f"the warm start's mean is {s['warm_start_mean']:.4f}; the policy's per-query gain has mean "
-           f"{s['mean_gain']:+.4f} and standard deviation {s['sd_gain']:.4f}, and is exactly 0 on {s['ties']:.0%} of "
-           f"the queries. Rule: paired {rule['test']} test, alpha {rule['alpha']:g}, min_gain {rule['min_gain']:g}; "
-           f"{record['null'][0]['trials']:,} simulated gates per cell ({record['seconds']} s).", "",
-           "**False promotions** (true gain 0; ± one Monte-Carlo standard error). The gain must be positive and the "
-           "two-sided p below alpha, so one test promotes at about alpha / 2:", "",
-           "| gate queries | 1 challenger | 3, best on selection (the gate's rule) | 3, best on the gate itself |",
-           "| ---: | ---: | ---: | ---: |"]
     cell = lambda r: f"{r['rate']:.4f} ± {r['error']:.4f}"  # noqa: E731
-    for n in sorted({r["gate_size"] for r in record["null"]}):
-        rows = {(r["challengers"], r["chosen_on"]): r for r in record["null"] if r["gate_size"] == n}
-        out.append(f"| {n:,} | {cell(rows[1, 'selection'])} | {cell(rows[3, 'selection'])} | {cell(rows[3, 'gate'])} |")
+    sizes = sorted({r["gate_size"] for r in record["null"]})
+    null = {(r["gate_size"], r["challengers"], r["chosen_on"]): r for r in record["null"]}
     deltas = sorted({r["delta"] for r in record["power"]})
-    out += ["", "**Power**: the share of gates that promote one challenger whose true gain is delta nDCG@10:", "",
-            "| gate queries | " + " | ".join(f"delta {d:g}" for d in deltas) + " |", "| ---: |" + " ---: |" * len(deltas)]
-    for n in sorted({r["gate_size"] for r in record["power"]}):
-        by = {r["delta"]: r for r in record["power"] if r["gate_size"] == n}
-        out.append(f"| {n:,} | " + " | ".join(f"{by[d]['rate']:.3f}" for d in deltas) + " |")
-    return "\n".join(out)
+    power = {(r["gate_size"], r["delta"]): r for r in record["power"]}
+    return "\n".join([
+        f"Simulated gates resample SciFact's per-query nDCG@10 ({s['source']}; {s['queries']} queries, `{s['file']}`): "
+        f"the warm start's mean is {s['warm_start_mean']:.4f}; the policy's per-query gain has mean "
+        f"{s['mean_gain']:+.4f} and standard deviation {s['sd_gain']:.4f}, and is exactly 0 on {s['ties']:.0%} of "
+        f"the queries. Rule: paired {rule['test']} test, alpha {rule['alpha']:g}, min_gain {rule['min_gain']:g}; "
+        f"{record['null'][0]['trials']:,} simulated gates per cell ({record['seconds']} s).", "",
+        "**False promotions** (true gain 0; ± one Monte-Carlo standard error). The gain must be positive and the "
+        "two-sided p below alpha, so one test promotes at about alpha / 2:", "",
+        *table(["gate queries", "1 challenger", "3, best on selection (the gate's rule)", "3, best on the gate itself"],
+               [[f"{n:,}", cell(null[n, 1, "selection"]), cell(null[n, 3, "selection"]), cell(null[n, 3, "gate"])]
+                for n in sizes], "rrrr"), "",
+        "**Power**: the share of gates that promote one challenger whose true gain is delta nDCG@10:", "",
+        *table(["gate queries", *(f"delta {d:g}" for d in deltas)],
+               [[f"{n:,}", *(f"{power[n, d]['rate']:.3f}" for d in deltas)] for n in sizes], "r" * (1 + len(deltas)))])
 
 
 if __name__ == "__main__":
