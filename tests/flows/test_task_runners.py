@@ -15,7 +15,7 @@ import pytest
 from prefect_server import latest_flow_run, task_runs
 from toy_pipeline import TOY_STAGES
 
-from flows.pipeline import make_task_runner
+from flows.pipeline import TASK_RUNNERS, make_task_runner
 from pgrank.errors import PgrankError
 
 
@@ -29,14 +29,24 @@ def test_threads_is_prefects_thread_pool_with_the_worker_bound():
 
 
 def where_dask_runs(i: int) -> dict:
-    """A task's view of where it runs: its process, its Dask worker and the cluster's workers."""
+    """A task's view of where it runs: its process, its Dask worker and the cluster's workers (none outside Dask)."""
     import time
 
     from distributed import get_client, get_worker
 
     time.sleep(0.5)  # long enough for the scheduler to use both workers
-    workers = get_client().scheduler_info()["workers"]
-    return {"pid": os.getpid(), "worker": get_worker().address, "cluster": sorted(w["nthreads"] for w in workers.values())}
+    try:
+        worker, workers = get_worker().address, get_client().scheduler_info()["workers"]
+    except ValueError:  # not in a Dask worker
+        worker, workers = None, {}
+    return {"pid": os.getpid(), "worker": worker, "cluster": sorted(w["nthreads"] for w in workers.values())}
+
+
+def ran_on_a_local_dask_cluster(found: list[dict], size: int) -> None:
+    """Every task ran in a worker process of one local cluster of ``size`` one-thread workers, and on more than one."""
+    assert all(r["cluster"] == [1] * size for r in found), found
+    assert os.getpid() not in {r["pid"] for r in found}  # in the cluster's worker processes, not this one
+    assert len({r["worker"] for r in found}) > 1
 
 
 def where_ray_runs(i: int) -> dict:
@@ -66,10 +76,16 @@ def _run(runner_name: str, size: int, probe) -> list[dict]:
 
 
 def test_dask_runner_runs_tasks_on_a_local_cluster_of_the_given_size(prefect_server):
-    found = _run("dask", 3, where_dask_runs)  # three: not what Dask would pick by itself on a 2-core machine
-    assert all(r["cluster"] == [1, 1, 1] for r in found)  # three workers of one thread each
-    assert os.getpid() not in {r["pid"] for r in found}  # in the cluster's worker processes
-    assert len({r["worker"] for r in found}) > 1
+    pytest.importorskip("prefect_dask", reason="pgrank[dask]")
+    ran_on_a_local_dask_cluster(_run("dask", 3, where_dask_runs), 3)  # three: not what Dask picks on a 2-core machine
+
+
+def test_the_cluster_check_fails_on_a_runner_that_runs_tasks_in_this_process(prefect_server, monkeypatch):
+    """The check above is no constructor check: "dask" built as the thread pool (a mutation) fails it."""
+    pytest.importorskip("distributed", reason="pgrank[dask]")
+    monkeypatch.setitem(TASK_RUNNERS, "dask", TASK_RUNNERS["threads"])
+    with pytest.raises(AssertionError):
+        ran_on_a_local_dask_cluster(_run("dask", 3, where_dask_runs), 3)
 
 
 def test_ray_runner_is_told_the_cpu_budget():
