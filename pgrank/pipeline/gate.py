@@ -141,6 +141,11 @@ def _registered_tags(client: MlflowClient, name: str) -> dict[str, str] | None:
         raise
 
 
+def frozen_run(client: MlflowClient, params: Params) -> str | None:
+    """The MLflow run holding the registered model's frozen gate set (``None``: none frozen yet)."""
+    return (_registered_tags(client, params.tracking.registered_model) or {}).get(GATE_SET_TAG)
+
+
 def frozen_gate_set(client: MlflowClient, params: Params, paths: Paths) -> GateSet | None:
     """The registered model's frozen gate set, fetched once into ``{root}/gate/<run id>/`` (``None``: not frozen yet).
 
@@ -149,7 +154,7 @@ def frozen_gate_set(client: MlflowClient, params: Params, paths: Paths) -> GateS
     """
     import mlflow
 
-    run_id = (_registered_tags(client, params.tracking.registered_model) or {}).get(GATE_SET_TAG)
+    run_id = frozen_run(client, params)
     if run_id is None:
         return None
     folder = paths.root / "gate" / run_id

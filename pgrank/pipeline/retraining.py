@@ -76,7 +76,9 @@ def retraining_overrides(params_file: str | Path, profile: str | None, overrides
     training (``start_from="champion"``), the champion as the warm start.
 
     Raises:
-        PgrankError: an unknown ``start_from``, or ``champion`` without a model registry (tracking off).
+        PgrankError: an unknown ``start_from``; ``champion`` without a model registry (tracking off); or a
+            first gated run with ``champion.gate_set: frozen`` and no gate split to freeze (``data.gate_size`` 0),
+            said before the pipeline runs rather than after it.
     """
     if start_from not in START_FROM:
         raise PgrankError(f"start_from={start_from!r}: expected one of {', '.join(START_FROM)}")
@@ -87,6 +89,11 @@ def retraining_overrides(params_file: str | Path, profile: str | None, overrides
         return Overrides([], [])
     client, paths = registry(params, Path(params_file).resolve().parent)
     extra, frozen = gate.holdout_override(client, params, paths)
+    if (params.champion.gate_set == "frozen" and not params.data.gate_size and not params.data.holdout
+            and gate.frozen_run(client, params) is None):
+        raise PgrankError("champion.gate_set is frozen, but data.train has no gate split to freeze in this first gated "
+                          "run: set data.gate_size (e.g. --set data.gate_size=300; bench/gate_power.py's table says "
+                          "how many gate queries a gain needs) or champion.gate_set: dataset/split")
     notes = [f"gate queries held out of training and selection: {extra[0]}"] if extra else []
     if frozen is not None and frozen.note:
         notes.append(frozen.note)

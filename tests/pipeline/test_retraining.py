@@ -36,6 +36,16 @@ def test_without_a_registry_retraining_adds_nothing_and_cannot_start_from_the_ch
         retraining_overrides(params_file, None, [], "newest")
 
 
+def test_a_first_gated_run_without_a_gate_split_stops_before_the_pipeline(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    doc = yaml.safe_load((ROOT / "params.yaml").read_text())
+    doc["tracking"] |= {"enabled": True, "uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(doc))
+    with pytest.raises(PgrankError, match=r"no gate split to freeze in this first gated run: set data.gate_size"):
+        retraining_overrides(tmp_path / "params.yaml", None, [], "warm_start")
+    assert retraining_overrides(tmp_path / "params.yaml", None, ["data.gate_size=300"], "warm_start").extra == []
+
+
 def test_without_a_registry_the_gate_keeps_everything_as_it_is(untracked):
     decision = gate_workspace(untracked, None)
     assert not decision.promoted and decision.challenger is None
