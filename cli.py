@@ -173,7 +173,7 @@ def download_cmd(
         carve = report.carve_out
         typer.echo(
             f"{carve.dataset}/{carve.split}: {carve.train_queries} train-pg + {carve.validation_queries} validation"
-            f" queries -> {carve.train_path.parent}"
+            + (f" + {carve.gate_queries} gate-pg" if carve.gate_path else "") + f" queries -> {carve.train_path.parent}"
         )
 
 

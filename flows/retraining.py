@@ -4,16 +4,18 @@ A thin Prefect wrapper of :mod:`pgrank.pipeline.retraining`, as :mod:`flows.pipe
 Each run of :func:`pgrank_retrain`
 
 1. adds its overrides (:func:`pgrank.pipeline.retraining.retraining_overrides`): the frozen gate set's
-   judgments as ``data.holdout``, so gate queries are never trained on; with ``start_from="champion"``
-   the current champion, fetched from the registry, as the warm start (continual training);
+   judgments as ``data.holdout``, so gate queries stay the gate split, never trained on nor used for
+   selection; with ``start_from="champion"`` the current champion, fetched from the registry, as the warm
+   start (continual training);
 2. runs :func:`flows.pipeline.pgrank_pipeline` (a subflow; DVC re-runs only what changed: new
    judgments or documents in a dataset of your own re-run its stages, unchanged data re-runs nothing);
-3. gates the versions this run registered against the champion
-   (:func:`pgrank.pipeline.retraining.gate_workspace`): both are evaluated side by side on one fixed gate
-   set, and the alias ``tracking.champion_alias`` moves only if the challenger beats the champion on
-   ``champion.metric`` by more than ``champion.min_gain`` with a paired test ``p < champion.alpha``. The
-   decision and its table go to MLflow (run tags, metrics, ``gate/decision.md``) and to this flow run as
-   the markdown artifact ``champion-gate``.
+3. gates the versions this run registered (:func:`pgrank.pipeline.retraining.gate_workspace`): the best
+   on the selection split (validation nDCG@10) and its baseline (the champion; with none yet, its warm
+   start) are evaluated side by side on one fixed gate set, and the alias ``tracking.champion_alias``
+   moves only if the challenger beats the baseline on ``champion.metric`` by more than
+   ``champion.min_gain`` with a paired test ``p < champion.alpha``: one test per decision. The decision
+   and its table go to MLflow (run tags, metrics, ``gate/decision.md``) and to this flow run as the
+   markdown artifact ``champion-gate``.
 
 ``pgrank schedule --cron ...`` puts it on a schedule against the Prefect server at ``PREFECT_API_URL``,
 either served from that process (:func:`serve`) or deployed to a process work pool that
@@ -56,7 +58,8 @@ def retraining_overrides(params_file: str, profile: str | None, overrides: list[
 
 @task(cache_policy=NO_CACHE)
 def champion_gate(workspace: str, parent_run_id: str | None) -> Decision:
-    """Gate this run's new model versions against the champion on the gate set; move the alias only if one passes."""
+    """Gate this run's best new model version against the champion (or its warm start) on the gate set; move the
+    alias only if it passes."""
     from prefect.artifacts import create_markdown_artifact
 
     from pgrank.pipeline.retraining import gate_workspace

@@ -132,8 +132,8 @@ class DataConfig(_Section):
     sources: dict[Annotated[str, Field(pattern=_DATASET_NAME)], SourceConfig] = Field(
         default_factory=dict, description="datasets of your own by name, used in train/eval_sets like BEIR names")
     holdout: str | None = Field(
-        default=None, description="qrels file whose queries are always carved into validation, never trained on "
-                                  "(set by scheduled retraining to its frozen gate set)")
+        default=None, description="qrels file whose queries are the gate split (gate-pg), never trained on nor used "
+                                  "for selection (set by scheduled retraining to its frozen gate set)")
     train: str = Field(pattern=r"^[\w.-]+/[\w.-]+$", description="dataset/split used for training")
 
     @field_validator("train", mode="before")
@@ -145,8 +145,14 @@ class DataConfig(_Section):
                 raise ValueError("expected {dataset: NAME, split: NAME} or 'dataset/split'")
             return f"{value['dataset']}/{value['split']}"
         return value
-    validation_size: PositiveInt = 7000
+    validation_size: PositiveInt = Field(
+        default=7000, description="seeded queries of data.train carved out as the validation split (selection: epochs, "
+                                  "early stopping, learning rates; and the choice among several challengers)")
     validation_seed: int = 13
+    gate_size: NonNegInt = Field(
+        default=0, description="seeded queries of data.train carved out as the gate split (gate-pg), apart from training "
+                               "and validation: the champion gate's frozen gate set (0: none; data.holdout, once set, "
+                               "is the gate split instead)")
     eval_sets: list[Annotated[str, Field(pattern=r"^[\w.-]+/[\w.-]+$")]] = Field(
         min_length=1, description="dataset/split ids; in YAML a mapping {dataset: [splits]} (what DVC fans out over) or a list")
 
@@ -372,7 +378,11 @@ class ChampionConfig(_Section):
     """
 
     gate_set: str = Field(default="frozen", pattern=r"^frozen$|^[\w.-]+/[\w.-]+$",
-                          description="frozen: the validation queries of the first gated run, frozen; or dataset/split")
+                          description="frozen: data.train's gate split (data.gate_size queries) at the first gated run, "
+                                      "frozen; or dataset/split")
+    first: Literal["gate", "promote"] = Field(
+        default="gate", description="with no champion yet, gate: the challenger must beat its warm start by the same "
+                                    "rule; promote: it is promoted without a comparison")
     stage: EvalStage = "rerank"
     metric: str = "ndcg@10"
     min_gain: float = 0.0

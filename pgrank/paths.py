@@ -12,11 +12,11 @@ Layout (``root`` is per profile; ``data`` and ``embeddings`` may be shared by pr
     {data}/.fingerprints/{dataset}.json                                  file checksums by (size, mtime)
     {data}/.stores/{dataset}--{corpus sha}/                              corpus store: ids, id lookup, line offsets
     {root}/datasets/{dataset}.json                                       content manifest (what DVC tracks)
-    {root}/splits/{dataset}/qrels/{train,validation}.tsv                 seeded validation carve-out
+    {root}/splits/{dataset}/qrels/{train,validation,gate}.tsv            seeded carve-out: train-pg, validation, gate-pg
     {root}/splits/{dataset}/validation-sets.json                         manifests of train.validation_sets
     {root}/candidates/{dataset}/{split}/                                 stage-1 candidate sets (columnar store)
     {root}/candidates/{dataset}/{split}.trec                             ... and as a TREC run, beside it
-    {root}/training-sets/{dataset}/{train-pg,validation}/                candidate stores of the carved splits
+    {root}/training-sets/{dataset}/{train-pg,validation,gate-pg}/        candidate stores of the carved splits
     {root}/training-sets/{dataset}/{split}/                              ... and of train.validation_sets
     {root}/models/{warm}/{objective}/epoch-{e}/                          sentence-transformers checkpoints
     {root}/models/{warm}/{objective}/selected/                           the epoch train.selection chose
@@ -29,6 +29,8 @@ Layout (``root`` is per profile; ``data`` and ``embeddings`` may be shared by pr
     {root}/metrics/pgrank-{warm}/{objective}/{dataset}.json              ... of a trained policy
     {root}/tables/                                                       Markdown, LaTeX, PNG
     {root}/mlflow.db                                                     default MLflow store
+    {root}/gate/{run id}/                                                the frozen gate set, fetched from MLflow
+    {root}/registry/{run id}/                                            a registered model version, fetched from MLflow
 """
 
 from __future__ import annotations
@@ -37,13 +39,21 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from pgrank.config import PathsConfig
+from pgrank.config import DataConfig, PathsConfig
 
 # The carve-out of data.train (pgrank.download.carve_out): split name -> file name under carved_qrels.
+# Three disjoint query sets: train-pg (trained on), validation (selection) and gate-pg (the champion gate's).
 CARVED_TRAIN = "train-pg"
 VALIDATION = "validation"
-CARVED_FILES = {CARVED_TRAIN: "train", VALIDATION: "validation"}
+GATE = "gate-pg"
+CARVED_FILES = {CARVED_TRAIN: "train", VALIDATION: "validation", GATE: "gate"}
 CARVED_SPLITS = tuple(CARVED_FILES)
+
+
+def carved_splits(data: DataConfig) -> list[str]:
+    """The carved splits a configuration has: ``train-pg`` and ``validation``, and ``gate-pg`` when
+    ``data.gate_size`` or ``data.holdout`` (the frozen gate set) gives it queries."""
+    return [CARVED_TRAIN, VALIDATION, *([GATE] if data.gate_size or data.holdout else [])]
 
 
 # A trained policy is named ``pgrank-<warm start>[+<objective>][@<epoch>]``: ``pgrank-sbert`` is Neural

@@ -58,6 +58,7 @@ def _runs(tiny: Path, mirror: Path, work: Path) -> dict[str, list[str]]:
                    "--max-seq-length", "32", "--repeats", "1", "--skip", "rss"],
         "backends": ["--work", str(work / "backends"), "--model", str(tiny), "--backends", "torch", "--docs", "8",
                      "--batch-size", "4", "--repeats", "1", "--eval-sets", "scifact/test", "--skip-quality"],
+        "gate_power": ["--trials", "2000"],
     }
 
 
@@ -82,7 +83,7 @@ def recorded(generate, tmp_path_factory, tiny_model_dir, beir_mirror) -> tuple[P
     return out, printed
 
 
-QUICK = ["estimator", "search", "evaluation", "tables", "training", "mining", "backends"]
+QUICK = ["estimator", "search", "evaluation", "tables", "training", "mining", "backends", "gate_power"]
 
 
 @pytest.mark.parametrize("name", QUICK)

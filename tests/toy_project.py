@@ -16,7 +16,7 @@ from pgrank.config import Params, parse_params
 from pgrank.data.candidate_store import run_sets, write_candidates
 from pgrank.data.corpus_store import open_corpus
 from pgrank.download.carve_out import write_carve_out
-from pgrank.paths import Paths
+from pgrank.paths import Paths, carved_splits
 
 ROOT = Path(__file__).resolve().parents[1]
 TOPICS = ["protein folding", "solar wind", "tax policy", "river delta", "neural network", "coral reef",
@@ -72,7 +72,7 @@ def make_project(tmp: Path, model_dir: Path, *, overrides: dict | None = None, c
     from pgrank.data.beir import load_topics
 
     corpus = open_corpus(paths, "toy")
-    for split in ("train-pg", "validation"):
+    for split in carved_splits(params.data):
         queries, qrels = load_topics(paths, "toy", split)
         run = {}
         for qid, judged in qrels.items():

@@ -19,9 +19,10 @@ is an error.
 Split names (:func:`qrels_path`, the one rule every stage goes through):
 
 * ``train``, ``dev``, ``test``, ... are BEIR's own ``{data}/{dataset}/qrels/{split}.tsv``;
-* ``train-pg`` and ``validation`` are the carve-out of ``data.train`` written by
+* ``train-pg``, ``validation`` and ``gate-pg`` are the carve-out of ``data.train`` written by
   :func:`pgrank.download.carve_out.write_carve_out` (``Paths.carved_qrels``): the paper
-  trains on ``train-pg`` and selects checkpoints on ``validation``; together they are the BEIR split.
+  trains on ``train-pg`` and selects checkpoints on ``validation``; scheduled retraining's champion gate
+  judges on ``gate-pg`` (empty unless ``data.gate_size`` or ``data.holdout``); together they are the BEIR split.
 
 Example:
     >>> split = load_split(paths, "scifact", "test")
@@ -43,7 +44,7 @@ from tqdm.auto import tqdm
 
 from pgrank.atomic import atomic_path
 from pgrank.errors import DataError
-from pgrank.paths import CARVED_FILES, CARVED_TRAIN, VALIDATION, Paths
+from pgrank.paths import CARVED_FILES, Paths
 
 log = logging.getLogger(__name__)
 
@@ -232,7 +233,7 @@ def split_qrels(paths: Paths, dataset: str, split: str) -> Path:
                         f"data.train set to {dataset}/<split>")
     available = sorted(p.stem for p in (folder / "qrels").glob("*.tsv"))
     raise DataError(f"{path}: {dataset} has no split {split!r}; it has {', '.join(available) or 'no qrels'}"
-                    f" (and the carved {CARVED_TRAIN!r} / {VALIDATION!r} of data.train)")
+                    f" (and the carved {' / '.join(map(repr, CARVED_FILES))} of data.train)")
 
 
 def load_topics(paths: Paths, dataset: str, split: str) -> tuple[Queries, Qrels]:

@@ -91,6 +91,23 @@ def write_strings(folder: str | Path, name: str, strings: Iterable[str | bytes])
     return len(offsets) - 1
 
 
+def write_taken(folder: str | Path, name: str, column: StringColumn, rows: np.ndarray) -> int:
+    """Write the strings ``rows`` of ``column`` as the column ``name`` in ``folder``; return its length.
+
+    The bytes are gathered as arrays (no Python string per row), so a column of millions of ids is cheap.
+    """
+    folder = Path(folder)
+    rows = np.asarray(rows, dtype=np.int64)
+    starts = np.asarray(column.offsets[rows], dtype=np.int64)
+    lengths = np.asarray(column.offsets[rows + 1], dtype=np.int64) - starts
+    offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    at = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1], dtype=np.int64)  # (bytes,) source index
+    np.save(folder / f"{name}.offsets.npy", offsets)
+    np.save(folder / f"{name}.bytes.npy", np.asarray(column.data, dtype=np.uint8)[at])
+    return len(rows)
+
+
 class Appender:
     """A raw column written piece by piece (a store streamed to disk, one query at a time)."""
 

@@ -1,12 +1,16 @@
-"""The seeded validation carve-out of the training split (paper: "a validation set of 7k examples").
+"""The seeded carve-out of the training split: three disjoint query sets of ``data.train``.
 
-``data.validation_size`` queries of ``data.train``'s qrels, drawn with ``data.validation_seed``, become
-the ``validation`` split; the rest is ``train-pg``. Both are written as BEIR qrels under
-``Paths.carved_qrels`` and read back through :func:`pgrank.data.beir.load_topics` like any split.
+* ``validation`` (selection; paper: "a validation set of 7k examples"): ``data.validation_size`` queries
+  drawn with ``data.validation_seed``. Epochs, early stopping, the out-of-domain guard, learning rates and
+  the choice among several challengers of a retraining run are made on it.
+* ``gate-pg``: the champion gate's queries (:mod:`pgrank.pipeline.gate`), never trained on nor used for
+  selection. ``data.holdout`` (a qrels file; scheduled retraining sets it to its frozen gate set) names
+  them once a gate set is frozen, whatever the data grew by since; before that, ``data.gate_size`` seeded
+  queries (0: no gate split). Validation is drawn from the queries outside the gate.
+* ``train-pg``: the rest.
 
-``data.holdout`` (a qrels file; scheduled retraining sets it to its frozen gate set) names queries that
-are always carved into validation and never trained on, whatever the data grew by since; the draw then
-only tops them up to ``validation_size``.
+Each is written as BEIR qrels under ``Paths.carved_qrels`` and read back through
+:func:`pgrank.data.beir.load_topics` like any split.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from pathlib import Path
 from pgrank.config import DataConfig
 from pgrank.data.beir import Qrels, load_qrels, split_qrels, write_qrels
 from pgrank.errors import DataError
-from pgrank.paths import CARVED_FILES, CARVED_TRAIN, VALIDATION, Paths
+from pgrank.paths import CARVED_FILES, CARVED_TRAIN, GATE, VALIDATION, Paths
 
 
 @dataclass(frozen=True)
@@ -29,50 +33,77 @@ class CarveOut:
     validation_path: Path
     train_queries: int
     validation_queries: int
+    gate_path: Path | None = None  # None: no gate split
+    gate_queries: int = 0
 
 
+@dataclass(frozen=True)
+class Carved:
+    """The three disjoint parts of one split's judgments."""
 
-def carve_validation(qrels: Qrels, size: int, seed: int, held_out: frozenset[str] = frozenset()) -> tuple[Qrels, Qrels]:
-    """Split judged queries into (train, validation) with ``size`` seeded validation queries.
+    train: Qrels
+    validation: Qrels
+    gate: Qrels
 
-    The draw is over the sorted query ids, so it depends only on the ids, ``size`` and ``seed``;
-    both parts keep the input's order. Queries in ``held_out`` always go to validation; the draw tops
-    them up to ``size`` from the others. Pure: ``qrels`` is not modified.
+
+def carve(qrels: Qrels, validation_size: int, seed: int, *, gate_size: int = 0,
+          gate: frozenset[str] | None = None) -> Carved:
+    """Split judged queries into train, validation and gate queries.
+
+    The gate is ``gate`` (the frozen gate set's queries that are still judged) when given, else
+    ``gate_size`` queries drawn first (with a generator of their own, seeded from ``seed``). Validation is
+    then ``validation_size`` queries drawn from the others with ``seed``: the same draw whether the gate
+    was just drawn or is the frozen one, so freezing the gate changes no split; with no gate it is the
+    draw of a validation carve-out alone. Draws are over sorted query ids, so they depend only on the
+    ids, the sizes and ``seed``. Every part keeps the input's order. Pure: ``qrels`` is not modified.
+
+    Raises:
+        DataError: the validation and gate queries would leave none to train on.
     """
-    kept = [qid for qid in qrels if qid in held_out]
-    rest = sorted(qid for qid in qrels if qid not in held_out)
-    extra = max(0, size - len(kept))
-    if extra >= len(rest):
-        raise DataError(f"data.validation_size={size} must be smaller than the {len(qrels)} training queries")
-    chosen = set(kept) | set(random.Random(seed).sample(rest, extra))
-    train = {qid: dict(docs) for qid, docs in qrels.items() if qid not in chosen}
-    validation = {qid: dict(docs) for qid, docs in qrels.items() if qid in chosen}
-    return train, validation
+    if gate is not None:
+        in_gate = {qid for qid in qrels if qid in gate}
+    else:
+        if gate_size >= len(qrels):
+            raise DataError(f"data.gate_size={gate_size} must be smaller than the {len(qrels)} queries")
+        in_gate = set(random.Random(f"{seed}/gate").sample(sorted(qrels), gate_size))
+    rest = sorted(qid for qid in qrels if qid not in in_gate)
+    if validation_size >= len(rest):
+        raise DataError(f"data.validation_size={validation_size} must be smaller than the {len(rest)} queries"
+                        + (f" left beside the gate's {len(in_gate)}" if in_gate else ""))
+    in_validation = set(random.Random(seed).sample(rest, validation_size))
+    part = lambda keep: {q: dict(docs) for q, docs in qrels.items() if keep(q)}  # noqa: E731
+    return Carved(part(lambda q: q not in in_validation and q not in in_gate), part(in_validation.__contains__),
+                  part(in_gate.__contains__))
 
 
 def write_carve_out(paths: Paths, data: DataConfig) -> CarveOut:
-    """Carve ``data.validation_size`` seeded validation queries out of ``data.train``'s qrels.
+    """Carve ``data.train``'s qrels into ``train-pg``, ``validation`` and ``gate-pg`` (see the module docstring).
 
-    Writes ``Paths.carved_qrels(dataset, "train")`` and ``(dataset, "validation")``, read back
-    as the splits ``train-pg`` and ``validation``. Deterministic: rerunning rewrites identical bytes.
+    Writes ``Paths.carved_qrels(dataset, "train")``, ``(dataset, "validation")`` and, when there is a gate
+    split, ``(dataset, "gate")`` (removed when there is none). Deterministic: rerunning rewrites identical bytes.
     """
     dataset, split = data.train.split("/")
     path = split_qrels(paths, dataset, split)
     qrels = load_qrels(path)
-    held_out = frozenset()
+    gate = None
     if data.holdout:
         holdout = Path(data.holdout).expanduser()
         if not holdout.is_file():
             raise DataError(f"data.holdout {data.holdout!r}: no such file {holdout.resolve()} (a BEIR qrels TSV)")
-        held_out = frozenset(load_qrels(holdout)) & frozenset(qrels)
+        gate = frozenset(load_qrels(holdout))
     try:
-        train, validation = carve_validation(qrels, data.validation_size, data.validation_seed, held_out)
-    except DataError:
-        raise DataError(f"data.validation_size={data.validation_size} must be smaller than the {len(qrels)} "
-                        f"queries of {data.train} ({path}); lower it, e.g. --set data.validation_size="
-                        f"{max(1, len(qrels) // 8)}") from None
+        carved = carve(qrels, data.validation_size, data.validation_seed, gate_size=data.gate_size, gate=gate)
+    except DataError as exc:
+        key = str(exc).partition("=")[0]  # data.validation_size or data.gate_size
+        raise DataError(f"{exc} of {data.train} ({path}); lower it, e.g. --set {key}={max(1, len(qrels) // 8)}") from None
     train_path = paths.carved_qrels(dataset, CARVED_FILES[CARVED_TRAIN])
     validation_path = paths.carved_qrels(dataset, CARVED_FILES[VALIDATION])
-    write_qrels(train_path, train)
-    write_qrels(validation_path, validation)
-    return CarveOut(dataset, split, train_path, validation_path, len(train), len(validation))
+    gate_path = paths.carved_qrels(dataset, CARVED_FILES[GATE])
+    write_qrels(train_path, carved.train)
+    write_qrels(validation_path, carved.validation)
+    if gate is not None or data.gate_size:
+        write_qrels(gate_path, carved.gate)
+    else:
+        gate_path.unlink(missing_ok=True)
+    return CarveOut(dataset, split, train_path, validation_path, len(carved.train), len(carved.validation),
+                    gate_path if gate_path.is_file() else None, len(carved.gate))

@@ -4,7 +4,7 @@ For each dataset it names (:func:`default_datasets`): a BEIR dataset is fetched,
 validated (:mod:`pgrank.download.beir_datasets`); a dataset of your own under ``data.sources`` is read in
 place or fetched from its own zip, validated the same way (:mod:`pgrank.download.sources`). Then each
 dataset's content manifest is written (:mod:`pgrank.download.manifests`: what DVC tracks of the shared
-datasets), and, when ``data.train``'s dataset is among them, the seeded validation carve-out
+datasets), and, when ``data.train``'s dataset is among them, the seeded carve-out (train-pg, validation, gate-pg)
 (:mod:`pgrank.download.carve_out`).
 
 Example:
@@ -46,7 +46,7 @@ def download(
     params: Params, paths: Paths, datasets: list[str] | None = None, mirror: str | None = None,
     *, config_dir: str | Path | None = None, progress: bool = True,
 ) -> DownloadReport:
-    """The ``pgrank download`` stage: fetch ``datasets`` and write the validation carve-out.
+    """The ``pgrank download`` stage: fetch ``datasets`` and write the carve-out of ``data.train``.
 
     Args:
         params: the parsed ``params.yaml`` (reads ``data.*``).

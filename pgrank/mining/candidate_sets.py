@@ -52,7 +52,7 @@ from pgrank.data.candidate_store import ScoredSet, write_candidates
 from pgrank.data.corpus_store import CorpusStore, open_corpus
 from pgrank.data.runs import order_keys
 from pgrank.errors import DataError, PgrankError
-from pgrank.paths import CARVED_SPLITS, CARVED_TRAIN, VALIDATION, Paths
+from pgrank.paths import CARVED_SPLITS, Paths, carved_splits
 
 log = logging.getLogger(__name__)
 
@@ -157,12 +157,13 @@ SOURCES: dict[str, str] = {
 
 
 def training_targets(params: Params) -> list[tuple[str, str]]:
-    """The carved ``train-pg`` and ``validation`` splits of ``data.train`` (DVC stage ``mine-train``)."""
+    """The carved splits of ``data.train`` (DVC stage ``mine-train``): ``train-pg``, ``validation`` and, when
+    there is one, ``gate-pg`` (whose candidate sets the champion gate freezes and reranks)."""
     if params.mine.source == "published":
         raise PgrankError("mine.source=published: the authors published no training candidates; "
                           "mine the training splits with mine.source=dense or bm25")
     dataset = params.data.train.split("/")[0]
-    return [(dataset, CARVED_TRAIN), (dataset, VALIDATION)]
+    return [(dataset, split) for split in carved_splits(params.data)]
 
 
 def validation_targets(params: Params) -> list[tuple[str, str]]:

@@ -2,23 +2,27 @@
 
 Training registers every final model as a version of ``tracking.registered_model`` (default
 ``pgrank-retriever``); the alias ``tracking.champion_alias`` (default ``champion``) marks the version
-that serves. Scheduled retraining (:func:`pgrank.pipeline.retraining.gate_workspace`) evaluates the versions
-a pipeline run registered (the challengers) and the champion *side by side on one fixed gate set*
-(:mod:`pgrank.pipeline.gate`), never on each model's own validation split, which moves with the data.
+that serves. Scheduled retraining (:func:`pgrank.pipeline.retraining.gate_workspace`) evaluates the chosen
+challenger and its baseline *side by side on one fixed gate set* (:mod:`pgrank.pipeline.gate`), queries
+that no model was trained on nor selected with.
 
-:func:`decide` is the rule, a pure function of per-query values: the best challenger on
-``champion.metric`` (:func:`best_challenger`) is promoted only if its mean over the gate queries beats the champion's by more
-than ``champion.min_gain`` and a paired ``champion.test`` (:func:`pgrank.core.significance.paired_test`)
-gives ``p < champion.alpha`` (``alpha: null``: no significance required). The first challenger is
-promoted when there is no champion yet. :func:`apply` moves the alias and tags the challenger's
-version with the decision; :func:`log_decision` records the decision and its table (champion vs
-challenger, per metric, with p-values) in MLflow as run tags, metrics and artifacts.
+One test per decision. With several challengers (the versions one run registered: warm starts,
+objectives), the one sent to the gate is the best on the selection split, its validation nDCG@10
+(:func:`best_challenger`, :func:`selection_scores`); only it meets the gate. The baseline is the champion,
+or with no champion yet the challenger's warm start (``champion.first: gate``; ``promote``: no
+comparison). :func:`decide` is the rule, :func:`pgrank.core.promotion.judge` on per-query values: promote
+only if the challenger's mean ``champion.metric`` over the gate queries beats the baseline's by more than
+``champion.min_gain`` and a paired ``champion.test`` gives ``p < champion.alpha`` (``alpha: null``: no
+significance required). How often this promotes by chance is measured by ``bench/gate_power.py``.
+:func:`apply` moves the alias and tags the challenger's version with the decision; :func:`log_decision`
+records the decision and its table (baseline vs challenger, per metric, with p-values) in MLflow as run
+tags, metrics and artifacts.
 
 Example:
     >>> decision = decide({"q1": {"ndcg@10": 0.9}, ...}, {"q1": {"ndcg@10": 0.7}, ...}, params.champion,
     ...                   challenger="4", champion="3", metrics=["ndcg@10"], gate="frozen ...")
     >>> print(decision.message)
-    promoted version 4: ndcg@10 0.7421 vs 0.6930 (+0.0491 > min_gain 0.0), student p = 0.0031 < 0.05
+    promoted version 4: ndcg@10 0.7421 vs 0.6930 (+0.0491 > min_gain 0), student p = 0.0031 < 0.05
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from pgrank.config import ChampionConfig
-from pgrank.core.significance import paired_test
+from pgrank.core.promotion import choose, judge
+from pgrank.core.significance import paired_p_value
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
@@ -40,12 +45,18 @@ if TYPE_CHECKING:
 
 PARENT_TAG = "mlflow.parentRunId"
 DECISION_TAG = "pgrank.gate"  # on the challenger's model version, and (as pgrank.gate.*) on the gate's MLflow run
+CHAMPION = "the champion"  # the baseline when there is one
+# What a version's training run logged of its validation nDCG@10 (pgrank.training.trainer, MLflow names): the epoch
+# train.selection chose, else (rule last) the last epoch's, the latest value of the per-epoch metric.
+SELECTION_METRICS = ("selected_in_domain_ndcg_at_10", "val_ndcg_at_10")
 PerQuery = dict[str, dict[str, float]]  # qid -> metric -> value
 
 
 @dataclass(frozen=True)
 class Row:
-    """One metric of the gate table: both means over the gate queries, the gain and the paired p-value."""
+    """One metric of the gate table: both means over the gate queries, the gain and the paired p-value.
+
+    ``champion`` is the baseline's mean: the champion's, or the warm start's in a first gated run."""
 
     metric: str
     challenger: float
@@ -56,7 +67,7 @@ class Row:
 
 @dataclass(frozen=True)
 class Decision:
-    """The outcome of one gate: which version, against which champion, on what, and why."""
+    """The outcome of one gate: which version, against what, on what, and why."""
 
     promoted: bool
     reason: str
@@ -69,25 +80,36 @@ class Decision:
     test: str = "student"
     alpha: float | None = 0.05
     min_gain: float = 0.0
+    baseline: str = CHAMPION  # what the challenger met: the champion, or its warm start ("its warm start NAME")
+    selection: dict[str, float] = field(default_factory=dict)  # version -> validation nDCG@10, with several challengers
 
     @property
     def message(self) -> str:
-        return (f"promoted version {self.challenger}: " if self.promoted else "kept the champion: ") + self.reason
+        if self.promoted:
+            return f"promoted version {self.challenger}: {self.reason}"
+        return ("kept the champion: " if self.champion else "no champion yet: ") + self.reason
 
     def row(self, metric: str) -> Row | None:
         return next((r for r in self.rows if r.metric == metric), None)
 
     def markdown(self) -> str:
         """The decision and its table, as shown in the Prefect UI and logged to MLflow."""
-        verdict = "**Promoted**" if self.promoted else "**Kept the champion**"
+        verdict = "**Promoted**" if self.promoted else "**Kept the champion**" if self.champion else "**Not promoted**"
         lines = [f"# Champion gate: {verdict}", "", self.message, ""]
+        if len(self.selection) > 1:
+            scores = ", ".join(f"v{v} {s:.4f}" for v, s in self.selection.items())
+            lines += [f"Challengers: {scores} (validation nDCG@10, the selection split); only the best, version "
+                      f"{self.challenger}, meets the gate: one test per decision.", ""]
         if not self.rows:
             return "\n".join(lines)
         lines += [f"Gate set: {self.gate} ({self.queries} queries). Rule: promote if the challenger's mean "
-                  f"`{self.metric}` beats the champion's by more than {self.min_gain:g}"
+                  f"`{self.metric}` beats {self.baseline}'s by more than {self.min_gain:g}"
                   + (f" with a paired {self.test} test p < {self.alpha:g}." if self.alpha is not None else "."), ""]
-        champ = f"champion (v{self.champion})" if self.champion else "champion (none)"
-        lines += [f"| metric | {champ} | challenger (v{self.challenger}) | gain | p ({self.test}) |",
+        if self.baseline == CHAMPION:
+            base = f"champion (v{self.champion})" if self.champion else "champion (none)"
+        else:
+            base = self.baseline.removeprefix("its ")
+        lines += [f"| metric | {base} | challenger (v{self.challenger}) | gain | p ({self.test}) |",
                   "| --- | ---: | ---: | ---: | ---: |"]
         fmt = lambda v, spec: "–" if v is None else format(v, spec)  # noqa: E731
         for r in self.rows:
@@ -100,55 +122,66 @@ class Decision:
         return asdict(self) | {"message": self.message}
 
 
-def _mean(values: PerQuery, qids: list[str], metric: str) -> float:
-    return float(np.mean([values[q][metric] for q in qids])) if qids else 0.0
+def _values(values: PerQuery, qids: list[str], metric: str) -> np.ndarray:
+    return np.array([values[q][metric] for q in qids], dtype=np.float64)
 
 
-def best_challenger(per_query: dict[str, PerQuery], metric: str) -> str:
-    """The version whose mean ``metric`` over its gate queries is highest (a tie goes to the newer version)."""
-    return max(per_query, key=lambda v: (np.mean([q[metric] for q in per_query[v].values()] or [0.0]), int(v)))
+def best_challenger(selection: dict[str, float]) -> str:
+    """The version with the highest selection score (validation nDCG@10; a tie goes to the newer version)."""
+    ordered = sorted(selection, key=int)
+    return ordered[choose([selection[v] for v in ordered])]
 
 
-def decide(challenger_values: PerQuery, champion_values: PerQuery | None, cfg: ChampionConfig, *,
-           challenger: str, champion: str | None, metrics: list[str], gate: str = "") -> Decision:
+def decide(challenger_values: PerQuery, baseline_values: PerQuery | None, cfg: ChampionConfig, *,
+           challenger: str, champion: str | None, metrics: list[str], gate: str = "", baseline: str = CHAMPION,
+           selection: dict[str, float] | None = None) -> Decision:
     """The gate's rule (see the module docstring), on per-query values of both models on the same gate queries.
 
     Args:
         challenger_values: qid -> metric -> value of the challenger on the gate set.
-        champion_values: the same for the champion (``None``: there is no champion yet).
+        baseline_values: the same for the baseline (the champion, or the warm start); ``None``: there is no
+            champion and ``champion.first: promote``, so the challenger is promoted without a comparison.
         cfg: ``champion`` section: metric, min_gain, test, alpha.
-        challenger, champion: their model versions (for messages).
+        challenger, champion: their model versions (for messages; ``champion`` is ``None`` before the first).
         metrics: the table's rows (``cfg.metric`` is added first if missing).
         gate: the gate set in words.
+        baseline: what the challenger meets, in words (``"the champion"``, ``"its warm start NAME"``).
+        selection: version -> validation nDCG@10 of the challengers the chosen one was picked among.
 
     Returns:
         A :class:`Decision` with one :class:`Row` per metric. Only queries both models were evaluated
         on are compared (the gate set makes them the same).
     """
     metrics = list(dict.fromkeys([cfg.metric, *metrics]))
-    qids = sorted(set(challenger_values) & set(champion_values)) if champion_values is not None else sorted(challenger_values)
+    qids = sorted(set(challenger_values) & set(baseline_values)) if baseline_values is not None else sorted(challenger_values)
     base = dict(metric=cfg.metric, challenger=challenger, champion=champion, gate=gate, queries=len(qids),
-                test=cfg.test, alpha=cfg.alpha, min_gain=cfg.min_gain)
-    if champion_values is None:
-        rows = [Row(m, _mean(challenger_values, qids, m)) for m in metrics]
-        return Decision(True, f"there was no champion yet ({cfg.metric} {rows[0].challenger:.4f} on the gate set)",
-                        rows=rows, **base)
+                test=cfg.test, alpha=cfg.alpha, min_gain=cfg.min_gain, baseline=baseline, selection=dict(selection or {}))
+    if baseline_values is None:
+        rows = [Row(m, float(_values(challenger_values, qids, m).mean()) if qids else 0.0) for m in metrics]
+        return Decision(True, f"there was no champion yet and champion.first is promote ({cfg.metric} "
+                        f"{rows[0].challenger:.4f} on the gate set)", rows=rows, **base)
     if not qids:
         return Decision(False, "the gate set has no query both models were evaluated on", **base)
     rows = []
     for m in metrics:
-        ours, theirs = _mean(challenger_values, qids, m), _mean(champion_values, qids, m)
-        p = paired_test({q: challenger_values[q][m] for q in qids}, {q: champion_values[q][m] for q in qids}, cfg.test)
-        rows.append(Row(m, ours, theirs, ours - theirs, p))
+        ours, theirs = _values(challenger_values, qids, m), _values(baseline_values, qids, m)
+        if m == cfg.metric:
+            verdict = judge(ours, theirs, min_gain=cfg.min_gain, test=cfg.test, alpha=cfg.alpha)
+            rows.append(Row(m, float(ours.mean()), float(theirs.mean()), verdict.gain, verdict.p_value))
+        else:
+            rows.append(Row(m, float(ours.mean()), float(theirs.mean()), float(ours.mean() - theirs.mean()),
+                            paired_p_value(ours, theirs, cfg.test)))
     head = rows[0]
     scores = f"{cfg.metric} {head.challenger:.4f} vs {head.champion:.4f} ({head.gain:+.4f}"
-    if head.gain <= cfg.min_gain:
-        return Decision(False, f"version {challenger} is not better: {scores} <= min_gain {cfg.min_gain:g})",
-                        rows=rows, **base)
-    if cfg.alpha is not None and not head.p_value < cfg.alpha:
-        return Decision(False, f"version {challenger}'s gain is not significant: {scores}), {cfg.test} p = "
-                        f"{head.p_value:.2g} >= {cfg.alpha:g}", rows=rows, **base)
+    if verdict.reason == "not_better":
+        return Decision(False, f"version {challenger} is not better than {baseline}: {scores} <= min_gain "
+                        f"{cfg.min_gain:g})", rows=rows, **base)
+    if verdict.reason == "not_significant":
+        return Decision(False, f"version {challenger}'s gain over {baseline} is not significant: {scores}), "
+                        f"{cfg.test} p = {head.p_value:.2g} >= {cfg.alpha:g}", rows=rows, **base)
     significance = f", {cfg.test} p = {head.p_value:.2g} < {cfg.alpha:g}" if cfg.alpha is not None else ""
+    against = "" if baseline == CHAMPION else f"{baseline}'s "
+    scores = f"{cfg.metric} {head.challenger:.4f} vs {against}{head.champion:.4f} ({head.gain:+.4f}"
     return Decision(True, f"{scores} > min_gain {cfg.min_gain:g}){significance}", rows=rows, **base)
 
 
@@ -168,6 +201,28 @@ def versions_of_run(client: MlflowClient, model_name: str, parent_run_id: str) -
         if mv.run_id and client.get_run(mv.run_id).data.tags.get(PARENT_TAG) == parent_run_id:
             found.append(str(mv.version))
     return sorted(found, key=int)
+
+
+def selection_scores(client: MlflowClient, model_name: str, versions: list[str]) -> dict[str, float]:
+    """Each version's validation nDCG@10 as its training run logged it (:data:`SELECTION_METRICS`), oldest first.
+
+    Raises:
+        PgrankError: a version whose run logged none (registered outside ``pgrank train``): the challengers
+            cannot be compared on the selection split.
+    """
+    from pgrank.errors import PgrankError
+
+    scores = {}
+    for version in sorted(versions, key=int):
+        mv = client.get_model_version(model_name, version)
+        metrics = client.get_run(mv.run_id).data.metrics if mv.run_id else {}
+        found = next((metrics[k] for k in SELECTION_METRICS if k in metrics), None)
+        if found is None:
+            raise PgrankError(f"{model_name} version {version}: its training run logged no validation nDCG@10 "
+                              f"({' or '.join(SELECTION_METRICS)}), so the challengers cannot be compared on the "
+                              "selection split")
+        scores[version] = float(found)
+    return scores
 
 
 def champion(client: MlflowClient, model_name: str, alias: str) -> str | None:
@@ -190,17 +245,19 @@ def apply(client: MlflowClient, model_name: str, alias: str, decision: Decision)
         return
     if decision.promoted:
         client.set_registered_model_alias(model_name, alias, decision.challenger)
-    client.set_model_version_tag(model_name, decision.challenger, DECISION_TAG,
-                                 ("promoted: " if decision.promoted else "kept: ") + decision.reason[:4900])
+    verdict = "promoted: " if decision.promoted else "kept: " if decision.champion else "not promoted: "
+    client.set_model_version_tag(model_name, decision.challenger, DECISION_TAG, verdict + decision.reason[:4900])
 
 
 def log_decision(params: Params, paths: Paths, decision: Decision, *, parent_run_id: str | None,
                  per_query: dict[str, PerQuery] | None = None) -> str | None:
     """An MLflow run ``champion-gate`` (nested under the pipeline run) with the decision; returns its id.
 
-    Tags ``pgrank.gate.decision`` (promoted | kept), ``pgrank.gate.reason``, ``pgrank.gate.metric``,
-    ``pgrank.gate.challenger`` and ``pgrank.gate.champion``; metrics ``gate.<champion|challenger|gain|p>.<metric>``;
-    artifacts ``gate/decision.md`` (the table), ``gate/decision.json`` and ``gate/per_query.json``.
+    Tags ``pgrank.gate.decision`` (promoted | kept), ``pgrank.gate.baseline`` (what the challenger met),
+    ``pgrank.gate.reason``, ``pgrank.gate.metric``, ``pgrank.gate.challenger`` and ``pgrank.gate.champion``;
+    metrics ``gate.<champion|challenger|gain|p>.<metric>`` (``champion``: the baseline's mean) and, with several
+    challengers, ``gate.selection.v<version>`` (their validation nDCG@10); artifacts ``gate/decision.md`` (the
+    table), ``gate/decision.json`` and ``gate/per_query.json``.
     """
     import mlflow
 
@@ -209,6 +266,7 @@ def log_decision(params: Params, paths: Paths, decision: Decision, *, parent_run
     if not params.tracking.enabled:
         return None
     tags = {"stage": "gate", f"{DECISION_TAG}.decision": "promoted" if decision.promoted else "kept",
+            f"{DECISION_TAG}.baseline": decision.baseline,
             f"{DECISION_TAG}.reason": decision.reason[:4900], f"{DECISION_TAG}.metric": decision.metric,
             f"{DECISION_TAG}.challenger": str(decision.challenger), f"{DECISION_TAG}.champion": str(decision.champion),
             f"{DECISION_TAG}.gate_set": decision.gate[:4900]}
@@ -220,6 +278,7 @@ def log_decision(params: Params, paths: Paths, decision: Decision, *, parent_run
             for who, value in (("challenger", r.challenger), ("champion", r.champion), ("gain", r.gain), ("p", r.p_value)):
                 if value is not None:
                     metrics[f"gate.{who}.{r.metric}"] = value
+        metrics.update({f"gate.selection.v{v}": score for v, score in decision.selection.items()})
         tracking.log_metrics(run, metrics)
         mlflow.log_text(decision.markdown(), "gate/decision.md")
         mlflow.log_text(json.dumps(decision.as_dict(), indent=2, sort_keys=True), "gate/decision.json")

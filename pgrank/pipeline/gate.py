@@ -1,55 +1,65 @@
-"""The gate set, and model versions evaluated side by side on it (the fair champion test).
+"""The gate set, and models evaluated side by side on it (the fair champion test).
 
 Gate set (``champion.gate_set``):
 
-* ``frozen`` (default): ``data.train``'s validation queries of the first gated pipeline run, frozen at
-  that moment: their judgments, their texts and their candidate sets (read from the carve-out's
-  candidate store, :mod:`pgrank.data.candidate_store`, and frozen as a TREC file whose scores are the
-  stage-1 ranks, ``n`` down to ``1``: the store keeps the order, not the scores, and reranking needs only
-  the sets). They are logged to MLflow as the
+* ``frozen`` (default): ``data.train``'s gate split (``gate-pg``, :mod:`pgrank.download.carve_out`:
+  ``data.gate_size`` queries apart from training and validation) of the first gated pipeline run, frozen
+  at that moment: its judgments, its texts and its candidate sets. They are logged to MLflow as the
   artifacts of a ``gate-set`` run, whose id the registered model carries in the tag ``pgrank.gate_set``,
   so later data cannot change them. Scheduled retraining hands their judgments to the pipeline as
-  ``data.holdout`` (:func:`holdout_override`): they stay in the validation carve-out and are never trained
-  on, however the training data grows.
+  ``data.holdout`` (:func:`holdout_override`): they stay the gate split, never trained on nor used for
+  selection, however the training data grows.
 * ``dataset/split``: a split you keep fixed yourself (e.g. ``acme/gate``), read as it is now.
 
-Evaluation (:func:`evaluate_version`): a model version is fetched from the registry
-(``models:/NAME/VERSION``, kept under ``{root}/registry/<run id>/``) and evaluated like a dense system of
-the evaluate stage: queries through the version, documents through its document encoder's
-corpus-embedding artifact (for a ``tower: query`` policy the frozen warm start, whose artifact mining
-already built), reranking the gate set's candidate sets (``champion.stage: rerank``, streamed in chunks by
-:func:`pgrank.evaluation.stage.rerank_runs` from a candidate store of the sets written for the
-evaluation) or searching the whole corpus (``full``, :func:`pgrank.evaluation.stage.search_runs`),
-scored per query by pytrec_eval. The decision is :func:`pgrank.pipeline.champion.decide`; the gate of a
-retraining run as a whole, :func:`pgrank.pipeline.retraining.gate_workspace`.
+Candidate sets stay arrays: the frozen set keeps a copy of the gate split's candidate store
+(:mod:`pgrank.data.candidate_store`, ``candidates/``) and the ids of its documents (``documents.*.npy``:
+the corpus changes, the ids stay), so that reranking needs no TREC file nor a Python object per candidate.
+
+Evaluation (:func:`evaluate_system`): a model is evaluated like a dense system of the evaluate stage:
+queries through the model, documents through its document encoder (a ``tower: query`` policy's frozen
+warm start, whose corpus-embedding artifact mining already built; for a rerank gate, a model without an
+artifact encodes only the candidates, as the evaluate stage does), reranking the gate set's candidate
+sets (``champion.stage: rerank``, streamed in chunks by :func:`pgrank.evaluation.stage.rerank_runs`) or
+searching the whole corpus (``full``), scored per query by pytrec_eval. The models are registered
+versions (:func:`fetch_version`, ``models:/NAME/VERSION`` kept under ``{root}/registry/<run id>/``) and,
+for the first gated run, the challenger's warm start (:func:`warm_start_system`). The decision is
+:func:`pgrank.pipeline.champion.decide`; the gate of a retraining run as a whole,
+:func:`pgrank.pipeline.retraining.gate_workspace`.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from pgrank.atomic import atomic_path, write_json, write_text
 from pgrank.config import GATE_METRIC, Params
 from pgrank.data.beir import Qrels, load_qrels, load_topics, write_qrels
-from pgrank.data.candidate_store import (
-    CandidateStoreWriter,
-    open_candidate_store,
-    open_candidates,
-)
-from pgrank.data.runs import ranked, read_run, write_run
+from pgrank.data.candidate_store import CandidateStore, CandidateStoreWriter, open_candidate_store
+from pgrank.data.columns import StringColumn, write_taken
 from pgrank.errors import PgrankError
-from pgrank.paths import VALIDATION, Paths
+from pgrank.paths import CARVED_FILES, CARVED_TRAIN, GATE, VALIDATION, Paths
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
 
+    from pgrank.data.corpus_store import CorpusStore
+    from pgrank.retrieval.dense.retriever import DenseSystem
+
+log = logging.getLogger(__name__)
+
 GATE_SET_TAG = "pgrank.gate_set"  # on the registered model: the MLflow run holding the frozen gate set
 ARTIFACTS = "gate-set"
+FORMAT = "pgrank-gate-set/2"  # 1 (no "format"): frozen from the validation carve-out, candidates as a TREC file
 ST_FOLDER = "model.sentence_transformer"  # where MLflow's sentence_transformers flavor keeps the model
+PerQuery = dict[str, dict[str, float]]
 
 
 @dataclass(frozen=True)
@@ -60,8 +70,10 @@ class GateSet:
     dataset: str  # whose corpus the documents come from
     queries: dict[str, str]
     qrels: Qrels
-    candidates: dict[str, dict[str, float]] | None  # what champion.stage rerank reranks (None: not mined)
+    candidates: Path | None  # a candidate store folder: what champion.stage rerank reranks (None: not mined)
+    documents: Path | None = None  # frozen sets: the folder of documents.*.npy, the ids of the store's rows
     holdout: Path | None = None  # the judgments file handed to the pipeline as data.holdout (frozen sets)
+    note: str | None = None  # a migration of an older frozen set, said once
 
 
 @dataclass(frozen=True)
@@ -72,6 +84,13 @@ class VersionModel:
     folder: Path  # a sentence-transformers folder
     document_model: str  # what encodes its documents (a name pgrank.models.names resolves)
     similarity: str
+    warm_start: str | None = None  # what it was trained from (the training run's parameter)
+
+    @property
+    def system(self) -> DenseSystem:
+        from pgrank.retrieval.dense.retriever import DenseSystem
+
+        return DenseSystem(f"v{self.version}", str(self.folder), self.document_model, self.similarity)
 
 
 def gate_metrics(params: Params) -> tuple[list[str], list[int], int]:
@@ -87,24 +106,7 @@ def gate_metrics(params: Params) -> tuple[list[str], list[int], int]:
 # --------------------------------------------------------------------------------------- gate sets
 
 
-def _candidate_sets(paths: Paths, dataset: str, split: str) -> dict[str, dict[str, float]]:
-    """``dataset/split``'s candidate sets from its candidate store, as a run whose scores are the stage-1
-    ranks (``n`` for the first of ``n`` candidates down to ``1``: the store keeps the order, not the scores).
-
-    Raises:
-        DataError: the split has no candidate store (mining has not run).
-    """
-    from pgrank.data.corpus_store import open_corpus
-
-    store, corpus = open_candidates(paths, dataset, split), open_corpus(paths, dataset)
-    sets = {}
-    for i, qid in enumerate(store.qids):
-        rows, _ = store.candidates(i)
-        sets[qid] = {d: float(len(rows) - r) for r, d in enumerate(corpus.ids.take(rows))}
-    return sets
-
-
-def _read(folder: Path) -> GateSet:
+def _read(folder: Path, note: str | None = None) -> GateSet:
     meta = json.loads((folder / "gate.json").read_text(encoding="utf-8"))
     queries = {}
     for line in (folder / "queries.jsonl").read_text(encoding="utf-8").splitlines():
@@ -112,14 +114,20 @@ def _read(folder: Path) -> GateSet:
             record = json.loads(line)
             queries[record["_id"]] = record["text"]
     return GateSet(meta["description"], meta["dataset"], queries, load_qrels(folder / "qrels.tsv"),
-                   read_run(folder / "candidates.trec"), folder / "qrels.tsv")
+                   folder / "candidates", folder, folder / "qrels.tsv", note)
 
 
-def _write(folder: Path, meta: dict, queries: dict[str, str], qrels: Qrels, candidates) -> None:
+def _write(folder: Path, meta: dict, queries: dict[str, str], qrels: Qrels) -> None:
     write_qrels(folder / "qrels.tsv", qrels)
     write_text(folder / "queries.jsonl", "".join(json.dumps({"_id": q, "text": t}) + "\n" for q, t in queries.items()))
-    write_run(folder / "candidates.trec", ((q, ranked(candidates[q])) for q in sorted(candidates)), "gate-set")
-    write_json(folder / "gate.json", meta)
+    write_json(folder / "gate.json", {**meta, "format": FORMAT})
+
+
+def _write_documents(folder: Path, store: CandidateStore, corpus: CorpusStore) -> None:
+    """``documents.rows.npy`` (the store's distinct corpus rows, sorted) and the ids of those documents."""
+    rows = np.unique(np.asarray(store.rows, dtype=np.int64))
+    np.save(folder / "documents.rows.npy", rows)
+    write_taken(folder, "documents", corpus.ids, rows)
 
 
 def _registered_tags(client: MlflowClient, name: str) -> dict[str, str] | None:
@@ -133,14 +141,24 @@ def _registered_tags(client: MlflowClient, name: str) -> dict[str, str] | None:
         raise
 
 
+def frozen_run(client: MlflowClient, params: Params) -> str | None:
+    """The MLflow run holding the registered model's frozen gate set (``None``: none frozen yet)."""
+    return (_registered_tags(client, params.tracking.registered_model) or {}).get(GATE_SET_TAG)
+
+
 def frozen_gate_set(client: MlflowClient, params: Params, paths: Paths) -> GateSet | None:
-    """The registered model's frozen gate set, fetched once into ``{root}/gate/<run id>/`` (``None``: not frozen yet)."""
+    """The registered model's frozen gate set, fetched once into ``{root}/gate/<run id>/`` (``None``: not frozen yet).
+
+    A set frozen by an earlier pgrank (the validation carve-out, its candidate sets as a TREC file) is
+    converted once, with a one-line message (:attr:`GateSet.note`): its queries become the gate split.
+    """
     import mlflow
 
-    run_id = (_registered_tags(client, params.tracking.registered_model) or {}).get(GATE_SET_TAG)
+    run_id = frozen_run(client, params)
     if run_id is None:
         return None
     folder = paths.root / "gate" / run_id
+    note = None
     if not (folder / "gate.json").is_file():
         with atomic_path(folder, directory=True) as tmp:
             mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=ARTIFACTS, dst_path=str(tmp),
@@ -148,30 +166,72 @@ def frozen_gate_set(client: MlflowClient, params: Params, paths: Paths) -> GateS
             for file in (tmp / ARTIFACTS).iterdir():
                 file.rename(tmp / file.name)
             (tmp / ARTIFACTS).rmdir()
-    return _read(folder)
+            if (tmp / "candidates.trec").is_file():
+                _migrate(tmp, paths)
+                note = (f"gate set {run_id[:8]} was frozen from the validation carve-out by an earlier pgrank; its "
+                        "queries are now the gate split, apart from validation, and its candidate sets a store")
+                log.warning("%s", note)
+    return _read(folder, note)
+
+
+def _migrate(folder: Path, paths: Paths) -> None:
+    """An older frozen set (candidate sets as ``candidates.trec``) as this format, over today's corpus."""
+    from pgrank.data.corpus_store import open_corpus
+    from pgrank.data.runs import iter_run
+
+    meta = json.loads((folder / "gate.json").read_text(encoding="utf-8"))
+    qrels = load_qrels(folder / "qrels.tsv")
+    texts = {json.loads(line)["_id"]: json.loads(line)["text"]
+             for line in (folder / "queries.jsonl").read_text(encoding="utf-8").splitlines() if line.strip()}
+    corpus = open_corpus(paths, meta["dataset"])
+    sets = sorted(iter_run(folder / "candidates.trec"))  # a one-time conversion: one gate set's candidates
+    with CandidateStoreWriter(folder / "candidates", {"dataset": meta["dataset"], "split": GATE,
+                                                      "corpus_sha256": corpus.sha256}) as out:
+        for qid, docs in sets:
+            ids = list(docs)
+            rows = corpus.rows(ids)
+            judged = qrels.get(qid, {})
+            grades = np.array([judged.get(d, 0) for d, r in zip(ids, rows) if r >= 0], dtype=np.int64)
+            out.add(qid, texts.get(qid, ""), rows[rows >= 0], grades)
+    _write_documents(folder, open_candidate_store(folder / "candidates"), corpus)
+    (folder / "candidates.trec").unlink()
+    write_json(folder / "gate.json", {**meta, "format": FORMAT, "migrated_from": "validation carve-out, TREC candidates"})
 
 
 def freeze_gate_set(client: MlflowClient, params: Params, paths: Paths, parent_run_id: str | None) -> GateSet:
-    """Freeze ``data.train``'s current validation carve-out (judgments, texts, candidate sets) as the gate set."""
+    """Freeze ``data.train``'s current gate split (judgments, texts, candidate sets) as the gate set.
+
+    Raises:
+        PgrankError: there is no gate split (``data.gate_size`` is 0) or it was not mined.
+    """
     import mlflow
 
     from pgrank import tracking
+    from pgrank.data.corpus_store import open_corpus
 
-    tracking.configure(params, paths)  # the run goes to the registry's store
     dataset, split = params.data.train.split("/")
-    queries, qrels = load_topics(paths, dataset, VALIDATION)
-    candidates = _candidate_sets(paths, dataset, VALIDATION)
+    if not paths.carved_qrels(dataset, CARVED_FILES[GATE]).is_file():
+        raise PgrankError(f"data.gate_size is 0: {dataset}/{split} has no gate split to freeze as the gate set; set "
+                          "data.gate_size (bench/gate_power.py's table says how many queries a gain needs) or "
+                          "champion.gate_set: dataset/split")
+    store_folder = paths.candidate_store(dataset, GATE)
+    if not (store_folder / "meta.json").is_file():
+        raise PgrankError(f"{store_folder}: the gate split has no candidate sets; run `pgrank mine --training`")
+    tracking.configure(params, paths)  # the run goes to the registry's store
+    queries, qrels = load_topics(paths, dataset, GATE)
     manifest = paths.dataset_manifest(dataset)
-    meta = {"dataset": dataset, "frozen_from": f"the validation carve-out of {dataset}/{split}",
+    meta = {"dataset": dataset, "split": GATE, "frozen_from": f"the gate split of {dataset}/{split}",
             "queries": len(qrels), "pipeline_run": parent_run_id,
             "data": json.loads(manifest.read_text()) if manifest.is_file() else None}
     with mlflow.start_run(run_name="gate-set", nested=parent_run_id is not None, parent_run_id=parent_run_id,
                           tags={"stage": "gate-set"}) as run:
-        meta["description"] = (f"frozen: {len(qrels)} validation queries of {dataset}/{split}, frozen by run "
+        meta["description"] = (f"frozen: {len(qrels)} gate queries of {dataset}/{split}, frozen by run "
                                f"{run.info.run_id[:8]}")
         folder = paths.root / "gate" / run.info.run_id
         with atomic_path(folder, directory=True) as tmp:
-            _write(tmp, meta, queries, qrels, candidates)
+            _write(tmp, meta, queries, qrels)
+            shutil.copytree(store_folder, tmp / "candidates")
+            _write_documents(tmp, open_candidate_store(tmp / "candidates"), open_corpus(paths, dataset))
             mlflow.log_artifacts(str(tmp), ARTIFACTS)
     client.set_registered_model_tag(params.tracking.registered_model, GATE_SET_TAG, run.info.run_id)
     return _read(folder)
@@ -183,36 +243,40 @@ def named_gate_set(params: Params, paths: Paths) -> GateSet:
     queries, qrels = load_topics(paths, dataset, split)
     candidates = None
     if params.champion.stage == "rerank":
-        folder = paths.candidate_store(dataset, split)
-        if not (folder / "meta.json").is_file():
-            raise PgrankError(f"{folder}: no candidate sets for the gate set {dataset}/{split}; it must be one of "
+        candidates = paths.candidate_store(dataset, split)
+        if not (candidates / "meta.json").is_file():
+            raise PgrankError(f"{candidates}: no candidate sets for the gate set {dataset}/{split}; it must be one of "
                               "data.eval_sets (mined by mine@<dataset>), or set champion.stage: full")
-        candidates = _candidate_sets(paths, dataset, split)
     return GateSet(f"{dataset}/{split}", dataset, queries, qrels, candidates)
 
 
-def holdout_override(client: MlflowClient, params: Params, paths: Paths) -> list[str]:
-    """``["data.holdout=<frozen judgments>"]`` when a frozen gate set of ``data.train``'s dataset exists, else ``[]``."""
+def holdout_override(client: MlflowClient, params: Params, paths: Paths) -> tuple[list[str], GateSet | None]:
+    """``["data.holdout=<frozen judgments>"]`` and the set, when a frozen gate set of ``data.train``'s dataset
+    exists; else ``([], None)``."""
     if params.champion.gate_set != "frozen":
-        return []
+        return [], None
     gate = frozen_gate_set(client, params, paths)
     if gate is None or gate.dataset != params.data.train.split("/")[0]:
-        return []
-    return [f"data.holdout={gate.holdout}"]
+        return [], None
+    return [f"data.holdout={gate.holdout}"], gate
 
 
-def trained_on_gate(params: Params, paths: Paths, gate: GateSet) -> list[str]:
-    """Gate queries in the workspace's current ``train-pg`` carve-out (what this run's challengers trained on)."""
-    from pgrank.paths import CARVED_FILES, CARVED_TRAIN
-
+def leaked(params: Params, paths: Paths, gate: GateSet) -> dict[str, list[str]]:
+    """Gate queries in the workspace's current ``train-pg`` or ``validation`` carve-out (what this run's
+    challengers trained on, or were selected with): ``{split: [qids]}``, empty when none."""
     dataset = params.data.train.split("/")[0]
-    train = paths.carved_qrels(dataset, CARVED_FILES[CARVED_TRAIN])
-    if dataset != gate.dataset or not train.is_file():
-        return []
-    return sorted(set(load_qrels(train)) & set(gate.qrels))
+    if dataset != gate.dataset:
+        return {}
+    found = {}
+    for split in (CARVED_TRAIN, VALIDATION):
+        carved = paths.carved_qrels(dataset, CARVED_FILES[split])
+        both = sorted(set(load_qrels(carved)) & set(gate.qrels)) if carved.is_file() else []
+        if both:
+            found[split] = both
+    return found
 
 
-# --------------------------------------------------------------------------------------- versions
+# --------------------------------------------------------------------------------------- models
 
 
 def fetch_version(client: MlflowClient, paths: Paths, model_name: str, version: str) -> VersionModel:
@@ -225,7 +289,6 @@ def fetch_version(client: MlflowClient, paths: Paths, model_name: str, version: 
     import mlflow
 
     from pgrank.models.checkpoint_meta import CHECKPOINT_META
-
     from pgrank.models.names import model_name_of
 
     mv = client.get_model_version(model_name, version)
@@ -244,56 +307,75 @@ def fetch_version(client: MlflowClient, paths: Paths, model_name: str, version: 
             if not (tmp / ST_FOLDER).is_dir():
                 raise PgrankError(f"models:/{model_name}/{version}: not a sentence-transformers model (no {ST_FOLDER})")
             (tmp / ST_FOLDER / CHECKPOINT_META).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-    return VersionModel(str(version), model_dir, meta["document_encoder"] or str(model_dir), meta["similarity"])
+    warm = model_name_of(run_params["warm_start"]) if run_params.get("warm_start") else None
+    return VersionModel(str(version), model_dir, meta["document_encoder"] or str(model_dir), meta["similarity"], warm)
 
 
-def evaluate_version(params: Params, paths: Paths, gate: GateSet, model: VersionModel) -> dict[str, dict[str, float]]:
-    """Per-query metrics (:func:`gate_metrics`) of one version on the gate set, as the evaluate stage scores a dense system."""
+def warm_start_system(params: Params, model: VersionModel) -> DenseSystem:
+    """The warm start a version was trained from, as the evaluate stage scores it (the first gated run's baseline).
+
+    Raises:
+        PgrankError: the version's training run does not say its warm start.
+    """
+    from pgrank.retrieval.dense.retriever import comparison_system
+
+    if model.warm_start is None:
+        raise PgrankError(f"version {model.version}: its training run records no warm_start to gate it against; "
+                          "set champion.first: promote to promote a first version without a comparison")
+    return comparison_system(params, model.warm_start)
+
+
+def evaluate_system(params: Params, paths: Paths, gate: GateSet, system: DenseSystem) -> PerQuery:
+    """Per-query metrics (:func:`gate_metrics`) of one model on the gate set, as the evaluate stage scores a dense system."""
+    from pgrank.data.corpus_store import open_corpus
     from pgrank.evaluation.stage import rerank_runs, search_runs
-    from pgrank.retrieval.dense.retriever import DenseRetriever, DenseSystem
+    from pgrank.retrieval.dense.retriever import DenseRetriever
 
     cfg = params.evaluate
-    system = DenseSystem(f"v{model.version}", str(model.folder), model.document_model, model.similarity)
-    retriever = DenseRetriever(params, paths, system, gate.dataset, max_seq_length=cfg.max_seq_length,
-                               batch_size=cfg.batch_size)
     qids = list(gate.queries)
-    encoded = retriever.encode([gate.queries[q] for q in qids])
-    if params.champion.stage == "rerank":
-        if gate.candidates is None:
-            raise PgrankError(f"gate set {gate.description}: no candidate sets to rerank; set champion.stage: full")
-        with tempfile.TemporaryDirectory(prefix=".gate-candidates-", dir=paths.root) as tmp:
-            store = _gate_store(Path(tmp) / "store", retriever.store, gate)
-            per_query = _scored(gate, rerank_runs(retriever, encoded, qids, store), params)
-    else:
-        per_query = _scored(gate, search_runs(retriever, encoded, qids, cfg.top_k + (1 if cfg.ignore_identical_ids else 0)),
-                            params)
-    return per_query
+    if params.champion.stage != "rerank":
+        retriever = DenseRetriever(params, paths, system, gate.dataset, max_seq_length=cfg.max_seq_length,
+                                   batch_size=cfg.batch_size)
+        encoded = retriever.encode([gate.queries[q] for q in qids])
+        return _scored(gate, search_runs(retriever, encoded, qids, cfg.top_k + (1 if cfg.ignore_identical_ids else 0)),
+                       params)
+    if gate.candidates is None:
+        raise PgrankError(f"gate set {gate.description}: no candidate sets to rerank; set champion.stage: full")
+    with tempfile.TemporaryDirectory(prefix=".gate-candidates-", dir=paths.root) as tmp:
+        store = gate_candidates(gate, open_corpus(paths, gate.dataset), Path(tmp))
+        retriever = DenseRetriever(params, paths, system, gate.dataset, max_seq_length=cfg.max_seq_length,
+                                   batch_size=cfg.batch_size, candidates=np.asarray(store.rows))
+        encoded = retriever.encode([gate.queries[q] for q in qids])
+        return _scored(gate, rerank_runs(retriever, encoded, qids, store), params)
 
 
-def _gate_store(folder: Path, corpus, gate: GateSet):
-    """The gate set's candidate sets as a candidate store over today's corpus, what ``rerank_runs`` streams.
+def gate_candidates(gate: GateSet, corpus: CorpusStore, scratch: Path) -> CandidateStore:
+    """The gate set's candidate store, over today's corpus.
 
-    A document deleted from the corpus since the freeze can't be ranked: it is left out of its set.
+    A frozen store whose corpus has changed since the freeze is rewritten into ``scratch`` with today's
+    rows (its documents found by id, once each); a document deleted since is left out of its set.
     """
-    import numpy as np
+    store = open_candidate_store(gate.candidates)
+    if store.meta.get("corpus_sha256") == corpus.sha256 or gate.documents is None:
+        return store
+    frozen_rows = np.load(gate.documents / "documents.rows.npy")
+    today = corpus.rows(StringColumn.open(gate.documents, "documents"))  # (D,) one lookup per distinct document
+    rows = today[np.searchsorted(frozen_rows, np.asarray(store.rows, dtype=np.int64))]  # (P,)
+    with CandidateStoreWriter(scratch / "store", {**store.meta, "corpus_sha256": corpus.sha256}) as out:
+        for i, qid in enumerate(store.qids):
+            lo, hi = int(store.offsets[i]), int(store.offsets[i + 1])
+            keep = rows[lo:hi] >= 0
+            out.add(qid, store.queries[i], rows[lo:hi][keep], np.asarray(store.grades[lo:hi])[keep])
+    return open_candidate_store(scratch / "store")
 
-    with CandidateStoreWriter(folder, {"dataset": gate.dataset, "split": "gate", "corpus_sha256": corpus.sha256}) as out:
-        for qid in sorted(gate.candidates):
-            docs = ranked(gate.candidates[qid])
-            rows = corpus.rows(d for d, _ in docs)
-            rows = rows[rows >= 0]
-            out.add(qid, gate.queries.get(qid, ""), rows, np.zeros(len(rows), dtype=np.int8))
-    return open_candidate_store(folder)
 
-
-def _scored(gate: GateSet, runs, params: Params) -> dict[str, dict[str, float]]:
+def _scored(gate: GateSet, runs, params: Params) -> PerQuery:
     """Per-query metrics of streamed runs (chunks of queries) against the gate set's judgments."""
     from pgrank.core.trec_eval import evaluate_run
 
     _, ks, mrr_k = gate_metrics(params)
-    per_query: dict[str, dict[str, float]] = {}
+    per_query: PerQuery = {}
     for run in runs:
         per_query.update(evaluate_run({q: gate.qrels[q] for q in run if q in gate.qrels}, run, ks, mrr_k=mrr_k,
                                       ignore_identical_ids=params.evaluate.ignore_identical_ids)[1])
     return per_query
-

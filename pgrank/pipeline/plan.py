@@ -39,7 +39,7 @@ from dataclasses import dataclass, field, replace
 from pgrank.config import Params
 from pgrank.download.catalogue import BEIR_SIZES
 from pgrank.errors import PgrankError
-from pgrank.paths import CARVED_TRAIN, VALIDATION, Paths, policy_name
+from pgrank.paths import CARVED_FILES, CARVED_TRAIN, GATE, VALIDATION, Paths, carved_splits, policy_name
 from pgrank.pipeline.rates import ModelRates, mean_words, measure_rates, table_device, table_rates, tokens_of
 
 # What a model is, for artifact sizes without loading it: embedding dimension, parameters.
@@ -104,9 +104,9 @@ def dataset_sizes(params: Params, paths: Paths, dataset: str) -> dict[str, int]:
 
 def _queries(sizes: dict[str, int], dataset: str, split: str, params: Params) -> int:
     train_dataset, train_split = params.data.train.split("/")
-    if split in (CARVED_TRAIN, VALIDATION) and dataset == train_dataset:
-        total = sizes.get(train_split, 0)
-        return params.data.validation_size if split == VALIDATION else total - params.data.validation_size
+    if split in CARVED_FILES and dataset == train_dataset:  # the gate as data.gate_size says (a frozen one: about as many)
+        carved = {VALIDATION: params.data.validation_size, GATE: params.data.gate_size}
+        return carved.get(split, sizes.get(train_split, 0) - sum(carved.values()))
     if split not in sizes:
         raise PgrankError(f"{dataset} has no split {split!r} (it has {', '.join(k for k in sizes if k != 'documents')})")
     return sizes[split]
@@ -171,7 +171,7 @@ def make_plan(params: Params, paths: Paths, profile: str = "paper") -> Plan:
             add(Line(stage, "published", pairs=pairs, disk=disk))
 
     if mine.source != "published":
-        mine_line("mine-train", train_dataset, [CARVED_TRAIN, VALIDATION], training=True)
+        mine_line("mine-train", train_dataset, carved_splits(params.data), training=True)
         for dataset, split in held_out:
             mine_line("mine-train", dataset, [split], training=True)
     for dataset, splits in eval_sets.items():

@@ -3,15 +3,17 @@
 The Prefect flow (``flows/retraining.py``) only calls these and reports; both are callable without Prefect.
 
 * :func:`retraining_overrides`, before the pipeline: the frozen gate set's judgments as ``data.holdout``
-  (:func:`pgrank.pipeline.gate.holdout_override`), so gate queries are never trained on; with
-  ``start_from="champion"`` the current champion, fetched from the registry, as the warm start
-  (continual training).
+  (:func:`pgrank.pipeline.gate.holdout_override`), so gate queries stay the gate split, never trained on
+  nor used for selection; with ``start_from="champion"`` the current champion, fetched from the
+  registry, as the warm start (continual training).
 * :func:`gate_workspace`, after it: the challengers are the versions this pipeline run registered (or,
-  with no champion yet, the newest version, registered earlier and never gated); a challenger that
-  trained on gate queries is rejected (the leak check); otherwise every challenger and the champion are
-  evaluated side by side on one gate set (:mod:`pgrank.pipeline.gate`), the best challenger is judged by
-  :func:`pgrank.pipeline.champion.decide`, the alias moves only if it passes, and the decision goes to
-  MLflow (:func:`pgrank.pipeline.champion.log_decision`).
+  with no champion yet, the newest version if it was never gated, e.g. one ``pgrank repro`` registered);
+  a challenger that trained on, or was selected with, gate queries is rejected (the leak check). The
+  best challenger on the selection split (validation nDCG@10, :func:`pgrank.pipeline.champion.best_challenger`)
+  is the only one that meets the gate: it and its baseline (the champion; with none yet, its warm start
+  unless ``champion.first: promote``) are evaluated side by side on the gate set
+  (:mod:`pgrank.pipeline.gate`) and judged by :func:`pgrank.pipeline.champion.decide`; the alias moves
+  only if it passes, and the decision goes to MLflow (:func:`pgrank.pipeline.champion.log_decision`).
 
 Example:
     >>> decision = gate_workspace(Path("runs/demo"), parent_run_id)
@@ -30,12 +32,15 @@ from pgrank.errors import PgrankError
 from pgrank.paths import Paths
 from pgrank.pipeline import gate
 from pgrank.pipeline.champion import (
+    CHAMPION,
+    DECISION_TAG,
     Decision,
     apply,
     best_challenger,
     champion,
     decide,
     log_decision,
+    selection_scores,
     versions,
     versions_of_run,
 )
@@ -71,7 +76,9 @@ def retraining_overrides(params_file: str | Path, profile: str | None, overrides
     training (``start_from="champion"``), the champion as the warm start.
 
     Raises:
-        PgrankError: an unknown ``start_from``, or ``champion`` without a model registry (tracking off).
+        PgrankError: an unknown ``start_from``; ``champion`` without a model registry (tracking off); or a
+            first gated run with ``champion.gate_set: frozen`` and no gate split to freeze (``data.gate_size`` 0),
+            said before the pipeline runs rather than after it.
     """
     if start_from not in START_FROM:
         raise PgrankError(f"start_from={start_from!r}: expected one of {', '.join(START_FROM)}")
@@ -81,8 +88,15 @@ def retraining_overrides(params_file: str | Path, profile: str | None, overrides
             raise PgrankError("start_from='champion' needs the model registry: set tracking.enabled: true")
         return Overrides([], [])
     client, paths = registry(params, Path(params_file).resolve().parent)
-    extra = gate.holdout_override(client, params, paths)
-    notes = [f"gate queries held out of training: {extra[0]}"] if extra else []
+    extra, frozen = gate.holdout_override(client, params, paths)
+    if (params.champion.gate_set == "frozen" and not params.data.gate_size and not params.data.holdout
+            and gate.frozen_run(client, params) is None):
+        raise PgrankError("champion.gate_set is frozen, but data.train has no gate split to freeze in this first gated "
+                          "run: set data.gate_size (e.g. --set data.gate_size=300; bench/gate_power.py's table says "
+                          "how many gate queries a gain needs) or champion.gate_set: dataset/split")
+    notes = [f"gate queries held out of training and selection: {extra[0]}"] if extra else []
+    if frozen is not None and frozen.note:
+        notes.append(frozen.note)
     if start_from == "champion":
         name, alias = params.tracking.registered_model, params.tracking.champion_alias
         version = champion(client, name, alias)
@@ -99,10 +113,13 @@ def retraining_overrides(params_file: str | Path, profile: str | None, overrides
 
 def challengers(client: MlflowClient, name: str, current: str | None, retrained: list[str]) -> list[str]:
     """The versions to judge: those this run registered; with none, the newest version when there is no
-    champion yet (registered earlier, e.g. by ``pgrank repro``, and never gated); else none."""
+    champion yet and it was never gated (registered earlier, e.g. by ``pgrank repro``); else none."""
     if retrained:
         return retrained
-    return versions(client, name)[-1:] if current is None else []
+    newest = versions(client, name)[-1:]
+    if current is not None or not newest:
+        return []
+    return [] if DECISION_TAG in client.get_model_version(name, newest[0]).tags else newest
 
 
 def gate_workspace(ws: Path, parent_run_id: str | None) -> Decision:
@@ -133,20 +150,30 @@ def gate_workspace(ws: Path, parent_run_id: str | None) -> Decision:
         gate_set = gate.frozen_gate_set(client, params, paths) or gate.freeze_gate_set(client, params, paths, parent_run_id)
     else:
         gate_set = gate.named_gate_set(params, paths)
-    leaked = gate.trained_on_gate(params, paths, gate_set)
-    if leaked and retrained:
-        decision = Decision(False, f"the challenger trained on {len(leaked)} gate queries (e.g. {leaked[:3]}); run the "
+    selection = selection_scores(client, name, judged) if len(judged) > 1 else {}
+    chosen = best_challenger(selection) if selection else judged[0]
+    leaked = gate.leaked(params, paths, gate_set)
+    if leaked:
+        found = "; ".join(f"{len(q)} in {split} (e.g. {q[:3]})" for split, q in leaked.items())
+        decision = Decision(False, f"the challenger trained on or was selected with gate queries: {found}; run the "
                             "pipeline through scheduled retraining, which holds them out", cfg.metric,
-                            challenger=judged[-1], champion=current, gate=gate_set.description)
+                            challenger=chosen, champion=current, gate=gate_set.description, selection=selection)
+        apply(client, name, alias, decision)
         log_decision(params, paths, decision, parent_run_id=parent_run_id)
         return decision
-    per_query = {v: gate.evaluate_version(params, paths, gate_set, gate.fetch_version(client, paths, name, v))
-                 for v in dict.fromkeys([*judged, *([current] if current else [])])}
-    best = best_challenger({v: per_query[v] for v in judged}, cfg.metric)
+    model = gate.fetch_version(client, paths, name, chosen)
+    per_query = {f"v{chosen}": gate.evaluate_system(params, paths, gate_set, model.system)}
+    baseline, baseline_values = CHAMPION, None
+    if current is not None:
+        per_query[f"v{current}"] = baseline_values = gate.evaluate_system(
+            params, paths, gate_set, gate.fetch_version(client, paths, name, current).system)
+    elif cfg.first == "gate":
+        warm = gate.warm_start_system(params, model)
+        baseline = f"its warm start {warm.name}"
+        per_query["warm start"] = baseline_values = gate.evaluate_system(params, paths, gate_set, warm)
     metrics, _, _ = gate.gate_metrics(params)
-    decision = decide(per_query[best], per_query[current] if current else None, cfg, challenger=best,
-                      champion=current, metrics=metrics, gate=gate_set.description)
+    decision = decide(per_query[f"v{chosen}"], baseline_values, cfg, challenger=chosen, champion=current,
+                      metrics=metrics, gate=gate_set.description, baseline=baseline, selection=selection)
     apply(client, name, alias, decision)
-    log_decision(params, paths, decision, parent_run_id=parent_run_id,
-                 per_query={f"v{v}": values for v, values in per_query.items()})
+    log_decision(params, paths, decision, parent_run_id=parent_run_id, per_query=per_query)
     return decision

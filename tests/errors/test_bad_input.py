@@ -2,7 +2,8 @@
 
 Each case runs ``python cli.py ARGS`` in its own folder, as a user would, and must give: exit code
 ``case.exit`` (2 for bad input, 74 for the machine: a full disk or a read-only folder), stderr ending in
-exactly one line ``pgrank: error: ...`` that matches ``case.expect`` (the file, line or key), no
+exactly one line ``pgrank: error: ...`` that matches ``case.expect`` (the file, line or key; a configuration
+error with several problems: that line, then one line per further problem, and nothing else), no
 traceback, and the folder unchanged: every file and folder, its bytes and mode, as before the
 command (``case.keeps`` names the one documented exception). The commands are independent, so they
 run a few at a time; docs/errors.md must list every case.
@@ -101,15 +102,36 @@ def test_bad_input_gives_one_clear_line_a_non_zero_exit_and_changes_nothing(case
     stderr = out["stderr"]
     errors = [line for line in stderr.splitlines() if line.startswith("pgrank: error:")]
     assert "Traceback" not in stderr, stderr[-3000:]
-    assert len(errors) == 1 and stderr.rstrip().endswith(errors[0].rstrip()) or _multi_problem(stderr), stderr[-2000:]
+    assert len(errors) == 1 and ends_with_the_error(stderr), stderr[-2000:]
     assert re.search(case.expect, errors[0]), f"{errors[0]!r} does not match {case.expect!r}"
     assert out["code"] == case.exit, (out["code"], stderr[-2000:])
     assert not out["changed"], f"the command changed {out['changed']}"
 
 
-def _multi_problem(stderr: str) -> bool:
-    """A config error with several problems lists one per line after ``pgrank: error:``."""
-    return stderr.count("pgrank: error:") == 1 and "Traceback" not in stderr
+# One problem of a configuration error that has several: ``<where>: <key path>: <message>`` (pgrank.config._format),
+# where is ``params.yaml:12``, a profile's line or ``--set key=value``.
+PROBLEM = re.compile(r"^\S.*?: [\w.\[\]-]+: \S")
+
+
+def ends_with_the_error(stderr: str) -> bool:
+    """Whether stderr ends with its ``pgrank: error:`` line, or with that line and the further problems of the
+    same configuration error (one per line, each shaped like the first), and nothing else after it."""
+    lines = stderr.rstrip().splitlines()
+    at = [i for i, line in enumerate(lines) if line.startswith("pgrank: error:")]
+    if len(at) != 1:
+        return False
+    first, rest = lines[at[0]].removeprefix("pgrank: error: "), lines[at[0] + 1:]
+    return not rest or all(PROBLEM.match(line) for line in [first, *rest])
+
+
+def test_the_last_line_check_accepts_one_error_or_one_config_error_and_nothing_after_it():
+    assert ends_with_the_error("warming up\npgrank: error: data.train: no such split\n")
+    assert ends_with_the_error("pgrank: error: params.yaml:12: train.epochs: input should be greater than 0 (got 0)\n"
+                               "params.yaml:14: train.seed: unknown key\n--set a.b=1: a.b: unknown key\n")
+    assert not ends_with_the_error("pgrank: error: data.train: no such split\nINFO: cleaning up\n")  # output after it
+    assert not ends_with_the_error("pgrank: error: params.yaml:12: train.epochs: bad\nand a log line afterwards\n")
+    assert not ends_with_the_error("pgrank: error: first\npgrank: error: second\n")
+    assert not ends_with_the_error("Traceback (most recent call last):\n  ...\nValueError: boom\n")
 
 
 def test_docs_errors_lists_every_case():

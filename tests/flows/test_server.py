@@ -160,7 +160,9 @@ def worker_run(prefect_server, tmp_path_factory, beir_mirror, tiny_model_dir) ->
     created = subprocess.run(["prefect", "work-pool", "create", POOL, "--type", "process"], env=env, capture_output=True,
                              text=True)
     assert created.returncode == 0, created.stdout + created.stderr
-    sets = [a for o in shrunk_overrides(tiny_model_dir) for a in ("--set", o)]
+    # A gate split to freeze; the tiny model is promoted without meeting its warm start (this test is about the worker).
+    gated = ["data.gate_size=10", "champion.first=promote"]
+    sets = [a for o in [*shrunk_overrides(tiny_model_dir), *gated] for a in ("--set", o)]
     scheduled = _cli(["--profile", "demo", *sets, "schedule", "--cron", "0 3 * * 0", "--pool", POOL, "--name", DEPLOYMENT],
                      project, env)  # default max_workers: every stage is submitted at once, upstream stages still running
     assert scheduled.returncode == 0, scheduled.stderr

@@ -80,6 +80,8 @@ def test_select_targets(tmp_path):
         ("scifact", "train-pg"), ("scifact", "validation"), ("nfcorpus", "test"), ("scifact", "test"),
     ]
     assert select_targets(params, training=True) == [("scifact", "train-pg"), ("scifact", "validation")]
+    gated, _ = make_params(tmp_path, "data.train=scifact/train", "data.gate_size=30")
+    assert select_targets(gated, training=True) == [("scifact", "train-pg"), ("scifact", "validation"), ("scifact", "gate-pg")]
     # a dataset's DVC stage mines its evaluation splits only, never the training sets (mine-train's output)
     assert select_targets(params, dataset="scifact") == [("scifact", "test")]
     assert select_targets(params, "fiqa", ["dev", "test"]) == [("fiqa", "dev"), ("fiqa", "test")]

@@ -1,5 +1,5 @@
-"""Scheduled retraining's rules without Prefect: the overrides a run adds, the challengers, the gate's answer
-when there is no registry. The gate on a real registry is tested in tests/pipeline/test_champion.py and,
+"""Scheduled retraining's rules without Prefect: the overrides a run adds, the choice among challengers, the gate's
+answer when there is no registry. The gate on a real registry is tested in tests/pipeline/test_champion.py and,
 through the Prefect flow, in tests/flows/test_server.py.
 """
 
@@ -36,15 +36,24 @@ def test_without_a_registry_retraining_adds_nothing_and_cannot_start_from_the_ch
         retraining_overrides(params_file, None, [], "newest")
 
 
+def test_a_first_gated_run_without_a_gate_split_stops_before_the_pipeline(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    doc = yaml.safe_load((ROOT / "params.yaml").read_text())
+    doc["tracking"] |= {"enabled": True, "uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(doc))
+    with pytest.raises(PgrankError, match=r"no gate split to freeze in this first gated run: set data.gate_size"):
+        retraining_overrides(tmp_path / "params.yaml", None, [], "warm_start")
+    assert retraining_overrides(tmp_path / "params.yaml", None, ["data.gate_size=300"], "warm_start").extra == []
+
+
 def test_without_a_registry_the_gate_keeps_everything_as_it_is(untracked):
     decision = gate_workspace(untracked, None)
     assert not decision.promoted and decision.challenger is None
     assert decision.reason == "tracking.enabled is false: there is no model registry to gate in"
 
 
-def test_the_best_challenger_has_the_highest_mean_and_a_tie_goes_to_the_newer_version():
-    values = {"3": {"q1": {"ndcg@10": 0.4}, "q2": {"ndcg@10": 0.6}},
-              "4": {"q1": {"ndcg@10": 0.7}, "q2": {"ndcg@10": 0.2}},
-              "10": {"q1": {"ndcg@10": 0.1}, "q2": {"ndcg@10": 0.2}}}
-    assert best_challenger(values, "ndcg@10") == "3"  # means 0.5, 0.45, 0.15
-    assert best_challenger({**values, "10": values["3"]}, "ndcg@10") == "10"  # versions compare as numbers
+def test_the_best_challenger_has_the_highest_selection_score_and_a_tie_goes_to_the_newer_version():
+    scores = {"3": 0.5, "4": 0.45, "10": 0.15}  # validation nDCG@10 of each version
+    assert best_challenger(scores) == "3"
+    assert best_challenger({**scores, "10": 0.5}) == "10"  # versions compare as numbers
+    assert best_challenger({"9": 0.2}) == "9"
