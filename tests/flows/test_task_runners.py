@@ -1,7 +1,7 @@
 """Prefect task runners are chosen by name: threads, and the Dask / Ray scale-out engines (pgrank[dask], pgrank[ray]).
 
 The Dask and Ray runners really run: a flow on the runner ``make_task_runner`` builds, against the test
-session's Prefect server, whose tasks report where they ran (a worker process of a local cluster of the
+suite's Prefect server, whose tasks report where they ran (a worker process of a local cluster of the
 requested size, not the test's own process). Ray's run and the pipeline flow on Dask (the toy DVC project end
 to end) are ``-m slow``.
 """
