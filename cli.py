@@ -328,7 +328,7 @@ def demo_cmd(ctx: typer.Context) -> None:
     typer.echo(f"All tables and figures: {paths.tables / 'tables.md'}")
     typer.echo(f"MLflow runs: {paths.mlflow_uri()}\n  open the UI: mlflow ui --backend-store-uri {paths.mlflow_uri()}")
     typer.echo("Prefect UI: prefect server start --host 127.0.0.1  (then http://127.0.0.1:4200); "
-               f"scheduled retraining: pgrank --profile {profile} schedule --cron '0 3 * * 0'")
+               f"scheduled retraining: pgrank --profile {profile} --set data.gate_size=300 schedule --cron '0 3 * * 0'")
 
 
 @app.command("schedule")

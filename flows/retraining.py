@@ -24,7 +24,7 @@ either served from that process (:func:`serve`) or deployed to a process work po
     prefect server start --host 127.0.0.1                     # UI and API on http://127.0.0.1:4200
     prefect config set PREFECT_API_URL=http://127.0.0.1:4200/api
     prefect work-pool create pgrank --type process
-    pgrank --profile demo schedule --cron "0 3 * * 0" --pool pgrank
+    pgrank --profile demo --set data.gate_size=300 schedule --cron "0 3 * * 0" --pool pgrank
     prefect worker start --pool pgrank
 """
 
