@@ -82,3 +82,19 @@ def make_project(tmp: Path, model_dir: Path, *, overrides: dict | None = None, c
         write_candidates(paths, "toy", split, run_sets(run, corpus, queries, qrels), corpus=corpus, tag="pgrank-test",
                          trec=True)
     return params, paths
+
+
+def plain_backprop(model, examples, batch, corpus, params: Params, device="cpu") -> None:
+    """The reference the cached-gradient training step is compared with: the batch's policy-gradient loss through
+    one uncached forward of both towers and one ``backward()``, with the step's own per-query random streams."""
+    from pgrank.core.estimators import policy_gradient
+    from pgrank.training.batches import candidate_scores, query_generators
+    from pgrank.training.grad_cache import encode
+
+    cfg, pg = params.train, params.train.pg
+    q = encode(model, [e.query for e in examples], task="query", max_length=cfg.max_query_length)
+    d = encode(model, corpus.texts(batch.unique_rows), task="document", max_length=cfg.max_doc_length)
+    policy_gradient(candidate_scores(q, d, batch.index, cfg.similarity), batch.relevance, batch.mask,
+                    num_samples=pg.num_samples, utility=pg.utility, estimator=pg.estimator, baseline=pg.baseline,
+                    temperature=pg.temperature, entropy_coef=pg.entropy_coef, entropy=pg.entropy,
+                    generator=query_generators(cfg.seed, 1, [e.qid for e in examples], device)).loss.backward()

@@ -61,13 +61,11 @@ def test_the_t5_encoder_runs_under_every_cpu_backend_like_torch(tmp_path, paper_
 
 
 def test_a_t5_training_step_with_cached_gradients_equals_plain_backprop(tmp_path, paper_model):
-    from toy_project import make_project
+    from toy_project import make_project, plain_backprop
 
-    from pgrank.core.estimators import policy_gradient
     from pgrank.data.candidate_store import open_candidates
     from pgrank.data.corpus_store import open_corpus
-    from pgrank.training.batches import TrainingSet, candidate_scores, make_batch, query_generators
-    from pgrank.training.grad_cache import encode
+    from pgrank.training.batches import TrainingSet, make_batch
     from pgrank.training.trainer import accumulate_gradients
 
     folder = paper_model("gtr-t5")
@@ -77,13 +75,7 @@ def test_a_t5_training_step_with_cached_gradients_equals_plain_backprop(tmp_path
     cached = load_encoder(str(folder), params.models, device="cpu").eval()
     accumulate_gradients(cached, batch, params, epoch=1, frozen=None, corpus=corpus)
     plain = load_encoder(str(folder), params.models, device="cpu").eval()
-    cfg, pg = params.train, params.train.pg
-    q = encode(plain, [e.query for e in examples], task="query", max_length=cfg.max_query_length)
-    d = encode(plain, corpus.texts(batch.unique_rows), task="document", max_length=cfg.max_doc_length)
-    policy_gradient(candidate_scores(q, d, batch.index, cfg.similarity), batch.relevance, batch.mask,
-                    num_samples=pg.num_samples, utility=pg.utility, estimator=pg.estimator, baseline=pg.baseline,
-                    temperature=pg.temperature, entropy_coef=pg.entropy_coef, entropy=pg.entropy,
-                    generator=query_generators(cfg.seed, 1, [e.qid for e in examples], "cpu")).loss.backward()
+    plain_backprop(plain, examples, batch, corpus, params)
     a = {n: p.grad for n, p in cached.named_parameters() if p.grad is not None}
     b = {n: p.grad for n, p in plain.named_parameters() if p.grad is not None}
     assert a.keys() == b.keys() and any("Dense" in n or n.startswith("2.") for n in a)  # the Dense head trains too

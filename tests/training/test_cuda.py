@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from toy_project import make_project
+from toy_project import make_project, plain_backprop
 
 from pgrank.models.loading import load_encoder
 
 from pgrank.models.names import resolve_model
-from pgrank.training.batches import candidate_scores, make_batch, query_generators
+from pgrank.training.batches import make_batch
 from pgrank.training.grad_cache import encode
 from pgrank.training.trainer import accumulate_gradients, train
 
@@ -88,16 +88,7 @@ def test_cached_gradient_chunking_equals_plain_backprop_on_cuda(tmp_path, paper_
         accumulate_gradients(cached, batch, params, epoch=1, frozen=None, corpus=corpus)
         plain = _model(folder, params)
         torch.backends.cuda.matmul.allow_tf32 = False
-        cfg, pg = params.train, params.train.pg
-        q = encode(plain, [e.query for e in examples], task="query", max_length=cfg.max_query_length)
-        d = encode(plain, corpus.texts(batch.unique_rows), task="document", max_length=cfg.max_doc_length)
-        from pgrank.core.estimators import policy_gradient
-
-        policy_gradient(candidate_scores(q, d, batch.index, cfg.similarity), batch.relevance, batch.mask,
-                        num_samples=pg.num_samples, utility=pg.utility, estimator=pg.estimator, baseline=pg.baseline,
-                        temperature=pg.temperature, entropy_coef=pg.entropy_coef, entropy=pg.entropy,
-                        generator=query_generators(cfg.seed, 1, [e.qid for e in examples], torch.device("cuda"))
-                        ).loss.backward()
+        plain_backprop(plain, examples, batch, corpus, params, torch.device("cuda"))
     finally:
         torch.set_float32_matmul_precision("high")
     a, b = _grads(cached), _grads(plain)

@@ -10,14 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from toy_project import make_project
+from toy_project import make_project, plain_backprop
 
 from pgrank import tracking
-from pgrank.core.estimators import policy_gradient
 from pgrank.models.checkpoint_meta import read_checkpoint_meta
 from pgrank.models.loading import load_encoder
 from pgrank.training import checkpoints
-from pgrank.training.batches import make_batch, query_generators
+from pgrank.training.batches import make_batch
 from pgrank.training.grad_cache import encode, encode_cached
 from pgrank.training.trainer import TrainingError, accumulate_gradients, train
 
@@ -50,17 +49,7 @@ def test_cached_gradient_chunking_equals_full_backprop(tmp_path, tiny_model_dir)
     accumulate_gradients(cached, batch, params, epoch=1, frozen=None, corpus=corpus)
 
     plain = _tiny(tiny_model_dir)
-    from pgrank.training.batches import candidate_scores
-
-    cfg = params.train
-    q = encode(plain, [e.query for e in examples], task="query", max_length=cfg.max_query_length)
-    d = encode(plain, corpus.texts(batch.unique_rows), task="document", max_length=cfg.max_doc_length)
-    pg = cfg.pg
-    policy_gradient(
-        candidate_scores(q, d, batch.index, cfg.similarity), batch.relevance, batch.mask, num_samples=pg.num_samples,
-        utility=pg.utility, estimator=pg.estimator, baseline=pg.baseline, temperature=pg.temperature,
-        entropy_coef=pg.entropy_coef, entropy=pg.entropy, generator=query_generators(cfg.seed, 1, [e.qid for e in examples], "cpu"),
-    ).loss.backward()
+    plain_backprop(plain, examples, batch, corpus, params)
     a, b = _grads(cached), _grads(plain)
     assert a.keys() == b.keys() and len(a) > 10
     for name in a:
