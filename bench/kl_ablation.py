@@ -35,6 +35,18 @@ COLUMNS = ["scifact/rerank", "scifact/full", "nfcorpus/rerank", "nfcorpus/full"]
 TITLE = "The KL regulariser's trade-off on the demo: in-domain gain against out-of-domain loss"
 
 
+def link_shared(root: Path, base: Path) -> None:
+    """A run's ``paths.root`` whose data, carve-out, training and candidate sets and the warm start's results are
+    links into the shared ``base`` root: every run trains on the same candidates, built once."""
+    root.mkdir(parents=True, exist_ok=True)
+    for name in SHARED:
+        if not (root / name).exists():
+            (root / name).symlink_to(base / name)
+    (root / "results").mkdir(exist_ok=True)
+    if not (root / "results" / "minilm").exists():
+        (root / "results" / "minilm").symlink_to(base / "results" / "minilm")
+
+
 def _params(work: Path, mirror: str, root: Path, ood: list[str], extra: list[str]):
     from pgrank.config import load_params
 
@@ -96,13 +108,7 @@ def main() -> None:
     for kind, coef in configs:
         label = "none" if coef == 0 else f"{kind} {coef:g}"
         root = work / "runs" / label.replace(" ", "-")
-        root.mkdir(parents=True, exist_ok=True)
-        for name in SHARED:
-            if not (root / name).exists():
-                (root / name).symlink_to(base_root / name)
-        (root / "results").mkdir(exist_ok=True)
-        if not (root / "results" / "minilm").exists():
-            (root / "results" / "minilm").symlink_to(base_root / "results" / "minilm")
+        link_shared(root, base_root)
         p = _params(work, args.mirror, root, args.ood, [f"train.pg.kl={kind}", f"train.pg.kl_coef={coef}",
                                               f"train.selection={{rule: guarded, margin: {args.margin}}}"])
         run_paths = Paths.from_config(p.paths)

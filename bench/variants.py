@@ -37,9 +37,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
+from kl_ablation import link_shared  # noqa: E402
 from machine import machine_record  # noqa: E402
 
-SHARED = ("datasets", "splits", "training-sets", "candidates")  # built once, linked into every run's root
 TEST = [("scifact", "rerank"), ("scifact", "full"), ("nfcorpus", "rerank"), ("nfcorpus", "full")]
 
 
@@ -69,16 +69,6 @@ def _params(args, root: Path, extra: list[str]):
         f"paths.root={root}", f"paths.data={args.work / 'data'}", f"paths.embeddings={args.work / 'embeddings'}",
         f"data.mirror={args.mirror}", "tracking.enabled=false", "data.eval_sets={scifact: [test], nfcorpus: [test]}",
         "evaluate.policy_epochs=[]", *args.overrides, *extra], profile=args.profile)
-
-
-def _link_shared(root: Path, base: Path) -> None:
-    root.mkdir(parents=True, exist_ok=True)
-    for name in SHARED:
-        if not (root / name).exists():
-            (root / name).symlink_to(base / name)
-    (root / "results").mkdir(exist_ok=True)
-    if not (root / "results" / "minilm").exists():
-        (root / "results" / "minilm").symlink_to(base / "results" / "minilm")
 
 
 def _test(paths, system: str) -> dict:
@@ -118,7 +108,7 @@ def run(args) -> dict:
         name, objective, overrides = parse_variant(spec)
         for seed in args.seeds:
             root = args.work / "runs" / f"{name}-s{seed}"
-            _link_shared(root, base)
+            link_shared(root, base)
             p = _params(args, root, [*overrides, f"train.seed={seed}"])
             run_paths = Paths.from_config(p.paths)
             t0 = time.perf_counter()
