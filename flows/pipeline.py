@@ -38,7 +38,6 @@ Example:
 
 import logging
 import re
-import shutil
 import subprocess
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -54,7 +53,7 @@ from prefect.futures import wait
 from prefect.tasks import exponential_backoff
 
 from pgrank.errors import PgrankError
-from pgrank.pipeline.workspace import pipeline_run, prepare, run_dvc, stage_environment
+from pgrank.pipeline.workspace import dvc_executable, pipeline_run, prepare, run_dvc, stage_environment
 from pgrank.tracking import PARENT_ENV
 
 # Per-stage task options: the download stage talks to the network, so it retries (10 s, 20 s, 40 s).
@@ -167,9 +166,7 @@ def dvc_stage(workspace: str, stage: str, parent_run_id: str | None = None) -> s
     Returns the stage name. Raises :class:`PgrankError` with the last lines of output when DVC fails.
     """
     env = stage_environment(STAGE_ENV)
-    exe = shutil.which("dvc", path=env["PATH"])
-    if exe is None:
-        raise PgrankError("dvc is not installed; pip install dvc")
+    exe = dvc_executable(env)
     if parent_run_id:
         env[PARENT_ENV] = parent_run_id
     log = _logger()

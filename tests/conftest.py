@@ -29,9 +29,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")  # no usage-report daemon after each of the suite's many dvc calls
 # The commands the tests start (pgrank, dvc, prefect) are this interpreter's, as in an activated virtual environment,
 # also when the suite runs as `.venv/bin/python -m pytest` with another installation first on $PATH.
-_SCRIPTS = str(Path(sys.executable).parent)
-os.environ["PATH"] = os.pathsep.join([_SCRIPTS, *(p for p in os.environ.get("PATH", "").split(os.pathsep)
-                                                 if p and p != _SCRIPTS)])
+from pgrank.pipeline.workspace import scripts_first  # noqa: E402
+
+os.environ["PATH"] = scripts_first(os.environ.get("PATH", ""))
 
 
 @pytest.fixture(scope="session")

@@ -175,10 +175,22 @@ def stage_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
     environment is not activated runs DVC and every stage's ``pgrank`` of that environment, not another
     installation's."""
     env = {k: v for k, v in os.environ.items() if k != PROFILE_ENV}
-    scripts = str(Path(sys.executable).parent)
-    rest = [p for p in env.get("PATH", "").split(os.pathsep) if p and p != scripts]
-    env["PATH"] = os.pathsep.join([scripts, *rest])
+    env["PATH"] = scripts_first(env.get("PATH", ""))
     return {**env, **(extra or {})}
+
+
+def scripts_first(path: str) -> str:
+    """``path`` (a ``$PATH``) with this interpreter's scripts folder first, and only there."""
+    scripts = str(Path(sys.executable).parent)
+    return os.pathsep.join([scripts, *(p for p in path.split(os.pathsep) if p and p != scripts)])
+
+
+def dvc_executable(env: dict[str, str]) -> str:
+    """The ``dvc`` that ``env``'s ``$PATH`` finds (:func:`stage_environment`: this environment's first)."""
+    exe = shutil.which("dvc", path=env["PATH"])
+    if exe is None:
+        raise PgrankError("dvc is not installed; pip install dvc")
+    return exe
 
 
 # Ctrl-C, a process manager's or a cancelling scheduler's stop, a closed terminal.
@@ -269,11 +281,10 @@ class _Stopping:
 def run_dvc(args: list[str], cwd: Path, *, capture: bool = False) -> subprocess.CompletedProcess:
     """Run ``dvc ARGS`` in ``cwd``; a failure raises :class:`PgrankError` with DVC's message, a stop signal
     :class:`Stopped` once DVC and its stages have ended (the module docstring)."""
-    exe = shutil.which("dvc", path=stage_environment()["PATH"])
-    if exe is None:
-        raise PgrankError("dvc is not installed; pip install dvc")
+    env = stage_environment()
+    exe = dvc_executable(env)
     with _Stopping(f"`dvc {' '.join(args)}`") as stopping:
-        proc = stopping.run([exe, *args], cwd, stage_environment(), capture)
+        proc = stopping.run([exe, *args], cwd, env, capture)
     if proc.returncode != 0:
         detail = (proc.stderr or proc.stdout or "").strip().splitlines()[-5:] if capture else []
         raise PgrankError(f"`dvc {' '.join(args)}` failed in {cwd} (exit {proc.returncode})"
