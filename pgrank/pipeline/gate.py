@@ -41,7 +41,7 @@ import numpy as np
 
 from pgrank.atomic import atomic_path, write_json, write_text
 from pgrank.config import GATE_METRIC, Params
-from pgrank.data.beir import Qrels, load_qrels, load_topics, write_qrels
+from pgrank.data.beir import Qrels, load_qrels, load_queries, load_topics, write_qrels
 from pgrank.data.candidate_store import CandidateStore, CandidateStoreWriter, open_candidate_store
 from pgrank.data.columns import StringColumn, write_taken
 from pgrank.errors import PgrankError
@@ -108,12 +108,7 @@ def gate_metrics(params: Params) -> tuple[list[str], list[int], int]:
 
 def _read(folder: Path, note: str | None = None) -> GateSet:
     meta = json.loads((folder / "gate.json").read_text(encoding="utf-8"))
-    queries = {}
-    for line in (folder / "queries.jsonl").read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            record = json.loads(line)
-            queries[record["_id"]] = record["text"]
-    return GateSet(meta["description"], meta["dataset"], queries, load_qrels(folder / "qrels.tsv"),
+    return GateSet(meta["description"], meta["dataset"], load_queries(folder), load_qrels(folder / "qrels.tsv"),
                    folder / "candidates", folder, folder / "qrels.tsv", note)
 
 
@@ -181,8 +176,7 @@ def _migrate(folder: Path, paths: Paths) -> None:
 
     meta = json.loads((folder / "gate.json").read_text(encoding="utf-8"))
     qrels = load_qrels(folder / "qrels.tsv")
-    texts = {json.loads(line)["_id"]: json.loads(line)["text"]
-             for line in (folder / "queries.jsonl").read_text(encoding="utf-8").splitlines() if line.strip()}
+    texts = load_queries(folder)
     corpus = open_corpus(paths, meta["dataset"])
     sets = sorted(iter_run(folder / "candidates.trec"))  # a one-time conversion: one gate set's candidates
     with CandidateStoreWriter(folder / "candidates", {"dataset": meta["dataset"], "split": GATE,
