@@ -215,24 +215,34 @@ def train_cmd(
     ] = None,
     objective: Annotated[
         Optional[str],
-        typer.Option("--objective", "-o", help="Loss: pg | infonce | listnet | listmle | lambdaloss (default: each of train.objectives)."),
+        typer.Option("--objective", "-o", help="Loss or train.variants name: pg | infonce | listnet | listmle | "
+                                               "listmle_topk | lambdaloss | <variant> (default: each of train.objectives)."),
+    ] = None,
+    seed: Annotated[
+        Optional[int],
+        typer.Option("--seed", help="train.seed or one of train.extra_seeds (default: every seed)."),
     ] = None,
     device: Annotated[Optional[str], typer.Option("--device", help="cpu, cuda, cuda:1 (default: CUDA when present).")] = None,
 ) -> None:
     """Train Neural PG-Rank policies (or the other objectives') from their warm starts (data-parallel under torchrun)."""
+    from pgrank.paths import run_key
     from pgrank.training.trainer import train
 
     params = ctx.obj.params()
     paths = ctx.obj.paths(params)
-    if objective is not None and objective not in params.train.objectives:
-        raise PgrankError(f"--objective {objective}: not in train.objectives {params.train.objectives}")
-    for name in [warm_start] if warm_start else params.train.warm_starts:
-        for loss in [objective] if objective else params.train.objectives:
-            result = train(params, paths, name, objective=loss, device=device)
+    cfg = params.train
+    if objective is not None and objective not in cfg.objectives:
+        raise PgrankError(f"--objective {objective}: not in train.objectives {cfg.objectives}")
+    if seed is not None and seed != cfg.seed and seed not in cfg.extra_seeds:
+        raise PgrankError(f"--seed {seed}: neither train.seed ({cfg.seed}) nor one of train.extra_seeds {cfg.extra_seeds}")
+    runs = [(loss, s) for loss, s in cfg.runs() if objective in (None, loss) and seed in (None, s if s is not None else cfg.seed)]
+    for name in [warm_start] if warm_start else cfg.warm_starts:
+        for loss, run_seed in runs:
+            result = train(params, paths, name, objective=loss, seed=run_seed, device=device)
             first, last = result.history[0], result.history[-1]
             typer.echo(
-                f"{name} ({loss}): validation nDCG@10 {first.get('val_ndcg@10', float('nan')):.4f} (epoch 0) -> "
-                f"{last.get('val_ndcg@10', float('nan')):.4f} (epoch {last['epoch']}); model -> {result.final}"
+                f"{name} ({run_key(loss, run_seed)}): validation nDCG@10 {first.get('val_ndcg@10', float('nan')):.4f} "
+                f"(epoch 0) -> {last.get('val_ndcg@10', float('nan')):.4f} (epoch {last['epoch']}); model -> {result.final}"
             )
 
 

@@ -251,6 +251,27 @@ class SelectionConfig(_Section):
 
 # The training losses (pgrank.core.objectives.OBJECTIVES); pg is the paper's.
 Objective = Literal["pg", "infonce", "listnet", "listmle", "listmle_topk", "lambdaloss"]
+OBJECTIVE_NAMES: tuple[str, ...] = Objective.__args__
+# What train.objectives lists: a loss, or a variant of one (train.variants); a folder and policy-name part.
+RunName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]*$")]
+# train.* keys a variant may not change: they say which runs exist, not how one trains.
+_RUN_LIST_KEYS = ("objectives", "variants", "extra_seeds", "learning_rates", "seed", "warm_starts")
+
+
+class VariantConfig(_Section):
+    """A named training variant: a loss and ``train`` keys laid over the profile's for its runs only
+    (``pg_plrank3: {objective: pg, overrides: {pg: {estimator: plrank3}}}``)."""
+
+    objective: Objective
+    overrides: dict[str, Any] = Field(default_factory=dict, description="train keys, nested as in params.yaml")
+
+    @field_validator("overrides")
+    @classmethod
+    def _no_run_list_keys(cls, value: dict[str, Any]) -> dict[str, Any]:
+        bad = sorted(set(value) & set(_RUN_LIST_KEYS))
+        if bad:
+            raise ValueError(f"{bad} say which runs exist and cannot differ per variant")
+        return value
 
 
 class TrainConfig(_Section):
@@ -275,13 +296,20 @@ class TrainConfig(_Section):
         default_factory=list, description="out-of-domain dataset/split sets validated each epoch next to the "
                                           "in-domain carve-out (mined by mine-train)")
     selection: SelectionConfig = SelectionConfig()
-    objectives: list[Objective] = Field(
+    objectives: list[RunName] = Field(
         default_factory=lambda: ["pg"], min_length=1,
-        description="the losses (pgrank.core.objectives), one policy per warm start and objective: pg is the "
-                    "paper's policy gradient (pgrank-<warm>), the others pgrank-<warm>+<objective>")
-    learning_rates: dict[Objective, PositiveFloat] = Field(
-        default_factory=dict, description="per-objective learning rate (tuned on validation); the others use "
-                                          "learning_rate")
+        description="the losses (pgrank.core.objectives) or train.variants names, one policy per warm start and "
+                    "entry: pg is the paper's policy gradient (pgrank-<warm>), the others pgrank-<warm>+<entry>")
+    variants: dict[RunName, VariantConfig] = Field(
+        default_factory=dict, description="named variants of a loss listed in objectives: {name: {objective, "
+                                          "overrides: {train keys}}}, e.g. pg_plrank3 with pg.estimator plrank3")
+    extra_seeds: list[int] = Field(
+        default_factory=list, description="more seeds trained beside train.seed for every objective "
+                                          "(pgrank-<warm>+<objective>.s<seed>); the objectives table reports "
+                                          "mean +- sd over all seeds")
+    learning_rates: dict[RunName, PositiveFloat] = Field(
+        default_factory=dict, description="per-objective (or per-variant) learning rate (tuned on validation); "
+                                          "a variant without one uses its loss's; the others use learning_rate")
     ddp_timeout_minutes: PositiveInt = Field(
         default=120, description="torch.distributed process-group timeout: a validation pass plus saving a checkpoint")
     l2_to_warm_start: NonNegFloat = Field(
@@ -299,16 +327,39 @@ class TrainConfig(_Section):
                              "or guarded to choose among them")
         return self
 
-    @field_validator("objectives")
+    @field_validator("objectives", "extra_seeds")
     @classmethod
-    def _unique_objectives(cls, value: list[str]) -> list[str]:
+    def _unique_objectives(cls, value: list) -> list:
         if len(set(value)) != len(value):
             raise ValueError(f"listed more than once: {sorted({o for o in value if value.count(o) > 1})}")
         return value
 
+    def objective_of(self, name: str) -> str:
+        """The loss of an ``objectives`` entry (a variant's ``objective``)."""
+        return self.variants[name].objective if name in self.variants else name
+
     def learning_rate_for(self, objective: str) -> float:
-        """``learning_rates[objective]``, else ``learning_rate``."""
-        return self.learning_rates.get(objective, self.learning_rate)
+        """``learning_rates[objective]``; a variant without its own, its loss's; else ``learning_rate``."""
+        if objective in self.learning_rates:
+            return self.learning_rates[objective]
+        return self.learning_rates.get(self.objective_of(objective), self.learning_rate)
+
+    def for_run(self, name: str, seed: int | None = None) -> TrainConfig:
+        """The train section one run uses: ``name``'s variant overrides laid over this one (no variants left,
+        its learning rate in ``learning_rate``), at ``seed`` (``None``: ``train.seed``)."""
+        doc = self.model_dump(mode="python")
+        doc = _merge(doc, self.variants[name].overrides) if name in self.variants else doc
+        doc.update(objectives=[self.objective_of(name)], variants={}, extra_seeds=[], learning_rates={},
+                   learning_rate=self.learning_rate_for(name), seed=self.seed if seed is None else seed)
+        try:
+            return TrainConfig.model_validate(doc)
+        except ValidationError as exc:
+            raise ValueError("; ".join(f"{'.'.join(map(str, e['loc']))}: {_pydantic_message(e)}"
+                                       for e in exc.errors())) from None
+
+    def runs(self) -> list[tuple[str, int | None]]:
+        """Every training run: ``(objectives entry, None)`` at train.seed, then each entry at each extra seed."""
+        return [(name, None) for name in self.objectives] + [(n, s) for s in self.extra_seeds for n in self.objectives]
 
     @field_validator("amp", mode="before")
     @classmethod
@@ -486,10 +537,9 @@ def _set_override(doc: dict, override: str) -> None:
     node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else None
 
 
-def _consistency(params: Params) -> list[tuple[tuple, str]]:
-    """Cross-field rules that no single field can check. Returns (key path, message) pairs."""
+def _pg_problems(pg: PolicyGradientConfig) -> list[tuple[tuple, str]]:
+    """The policy-gradient settings' cross-field rules (for train.pg, and for each variant's)."""
     problems: list[tuple[tuple, str]] = []
-    pg = params.train.pg
     if pg.baseline == "loo" and pg.num_samples < 2:
         problems.append(
             (("train", "pg", "num_samples"), f"must be >= 2 with the leave-one-out baseline (got {pg.num_samples})")
@@ -504,6 +554,36 @@ def _consistency(params: Params) -> list[tuple[tuple, str]]:
             (("train", "pg", "estimator"), f"'plrank3' needs a utility linear in the documents' gains (ndcg, dcg or "
              f"recall), not {pg.utility!r}; use 'per_rank'")
         )
+    return problems
+
+
+def _run_problems(train: TrainConfig) -> list[tuple[tuple, str]]:
+    """What makes train.objectives, train.variants and train.extra_seeds name runs that cannot be trained."""
+    problems = [(("train", "pg") + loc[2:], msg) for loc, msg in _pg_problems(train.pg)]
+    for i, name in enumerate(train.objectives):
+        if name not in OBJECTIVE_NAMES and name not in train.variants:
+            problems.append((("train", "objectives", i), f"{name!r} is neither a loss ({', '.join(OBJECTIVE_NAMES)}) "
+                             "nor a train.variants name"))
+    for name in train.variants:
+        where = ("train", "variants", name)
+        if name in OBJECTIVE_NAMES:
+            problems.append((where, "a variant cannot take a loss's name"))
+            continue
+        try:
+            variant = train.for_run(name)
+        except ValueError as exc:
+            problems.append((where + ("overrides",), str(exc)))
+            continue
+        problems += [(where + ("overrides", "pg") + loc[2:], msg) for loc, msg in _pg_problems(variant.pg)]
+    if train.seed in train.extra_seeds:
+        problems.append((("train", "extra_seeds"), f"{train.seed} is train.seed, trained already"))
+    return problems
+
+
+def _consistency(params: Params) -> list[tuple[tuple, str]]:
+    """Cross-field rules that no single field can check. Returns (key path, message) pairs."""
+    problems: list[tuple[tuple, str]] = []
+    problems += _run_problems(params.train)
     for i, name in enumerate(params.train.warm_starts):
         if not name.strip():
             problems.append((("train", "warm_starts", i), "empty model name"))
@@ -511,7 +591,8 @@ def _consistency(params: Params) -> list[tuple[tuple, str]]:
             problems.append((("train", "warm_starts", i), f"{name!r}: '+' and '@' are reserved for policy names "
                              "(pgrank-<warm start>+<objective>@<epoch>); add an alias under models.aliases"))
     for objective in params.train.learning_rates:
-        if objective not in params.train.objectives:
+        if objective not in params.train.objectives and objective not in (
+                params.train.objective_of(o) for o in params.train.objectives):
             problems.append((("train", "learning_rates", objective), f"{objective!r} is not in train.objectives "
                              f"{params.train.objectives}"))
     systems = params.evaluate.systems

@@ -61,7 +61,21 @@ def carved_splits(data: DataConfig) -> list[str]:
 # ListNet-trained one on the same candidates, ``@2`` its epoch-2 checkpoint.
 POLICY_PREFIX = "pgrank-"
 DEFAULT_OBJECTIVE = "pg"
-_POLICY = re.compile(r"^pgrank-(?P<warm>.+?)(?:\+(?P<objective>[a-z0-9_]+))?(?:@(?P<epoch>\d+))?$")
+# A run at one of train.extra_seeds appends ``.s<seed>`` to its objective: ``pgrank-minilm+infonce.s43``.
+_POLICY = re.compile(r"^pgrank-(?P<warm>.+?)(?:\+(?P<objective>[a-z0-9_]+(?:\.s\d+)?))?(?:@(?P<epoch>\d+))?$")
+_SEEDED = re.compile(r"^(?P<name>[a-z0-9_]+)\.s(?P<seed>\d+)$")
+
+
+def run_key(objective: str, seed: int | None = None) -> str:
+    """One training run's name in folders and policy names: the ``train.objectives`` entry at ``train.seed``
+    (``seed`` None), ``<entry>.s<seed>`` at one of ``train.extra_seeds``."""
+    return objective if seed is None else f"{objective}.s{seed}"
+
+
+def split_run_key(key: str) -> tuple[str, int | None]:
+    """:func:`run_key` undone: ``"infonce.s43"`` -> ``("infonce", 43)``, ``"pg"`` -> ``("pg", None)``."""
+    found = _SEEDED.match(key)
+    return (found["name"], int(found["seed"])) if found else (key, None)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import importlib
 
 from pgrank.config import Params
 from pgrank.errors import PgrankError
-from pgrank.paths import Paths, parse_policy_name, policy_name
+from pgrank.paths import Paths, parse_policy_name, policy_name, run_key, split_run_key
 
 # kind -> the module with for_evaluation(params, paths, system, dataset, *, candidates) -> retriever
 KINDS: dict[str, str] = {
@@ -23,8 +23,8 @@ KINDS: dict[str, str] = {
 
 
 def policy_systems(params: Params) -> list[str]:
-    """The trained policies, one per warm start and objective: ``pgrank-<warm start>[+objective]``."""
-    return [policy_name(w, o) for w in params.train.warm_starts for o in params.train.objectives]
+    """The trained policies, one per warm start, objective and seed: ``pgrank-<warm start>[+objective][.s<seed>]``."""
+    return [policy_name(w, run_key(o, s)) for w in params.train.warm_starts for o, s in params.train.runs()]
 
 
 def warm_start_of(system: str) -> str | None:
@@ -47,9 +47,12 @@ def kind_of(params: Params, system: str) -> str:
     """
     policy = parse_policy_name(system)
     if policy is not None:
-        if policy.objective not in params.train.objectives:
-            raise PgrankError(f"system {system!r}: objective {policy.objective!r} is not in train.objectives "
+        objective, seed = split_run_key(policy.objective)
+        if objective not in params.train.objectives:
+            raise PgrankError(f"system {system!r}: objective {objective!r} is not in train.objectives "
                               f"{params.train.objectives}")
+        if seed is not None and seed not in params.train.extra_seeds:
+            raise PgrankError(f"system {system!r}: seed {seed} is not in train.extra_seeds {params.train.extra_seeds}")
         return "dense"
     kind = params.evaluate.systems.kind(system)
     if kind is None:

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field, replace
 from pgrank.config import Params
 from pgrank.download.catalogue import BEIR_SIZES
 from pgrank.errors import PgrankError
-from pgrank.paths import CARVED_FILES, CARVED_TRAIN, GATE, VALIDATION, Paths, carved_splits, policy_name
+from pgrank.paths import CARVED_FILES, CARVED_TRAIN, GATE, VALIDATION, Paths, carved_splits, policy_name, run_key
 from pgrank.pipeline.rates import ModelRates, mean_words, measure_rates, table_device, table_rates, tokens_of
 
 # What a model is, for artifact sizes without loading it: embedding dimension, parameters.
@@ -182,18 +182,20 @@ def make_plan(params: Params, paths: Paths, profile: str = "paper") -> Plan:
     train_queries = _queries(sizes[train_dataset], train_dataset, CARVED_TRAIN, params)
     validation = _queries(sizes[train_dataset], train_dataset, VALIDATION, params) + sum(
         _queries(sizes[d], d, split, params) for d, split in held_out)
-    for warm, objective in [(w, o) for w in cfg.warm_starts for o in cfg.objectives]:
+    for warm, (objective, seed) in [(w, r) for w in cfg.warm_starts for r in cfg.runs()]:
         _, _, size = _facts(params, warm)
-        samples = cfg.pg.num_samples if objective == "pg" else 0  # the other losses sample no rankings
+        run = cfg.for_run(objective, seed)  # a variant's own settings (pg.num_samples, ...)
+        samples = run.pg.num_samples if run.objectives == ["pg"] else 0  # the other losses sample no rankings
         kept = len(set(cfg.keep_epochs) | {cfg.epochs}) * (2 if cfg.tower == "query" else 1)
         checkpoints = kept * size * 4 if size else None
         per_epoch = cfg.queries_per_epoch or train_queries
         readings = [("train", per_epoch, "")]
-        if cfg.queries_per_epoch is None and objective == "pg":
-            other = min(cfg.pg.num_samples, train_queries)
+        if cfg.queries_per_epoch is None and samples:
+            other = min(run.pg.num_samples, train_queries)
             readings.append(("  (other reading)", other, f"train.queries_per_epoch={other}"))
         for label, queries, note in readings:
-            line = Line(f"train@{warm}-{objective}" if label == "train" else label, warm,
+            stage = f"train@{warm}-{objective}" if seed is None else f"train-seeds@{warm}-{objective}-{seed}"
+            line = Line(stage if label == "train" else label, warm,
                         rankings=queries * samples * cfg.epochs,
                         pairs=queries * C * cfg.epochs, note=note)
             val_queries = validation * (cfg.epochs + 1)
@@ -225,14 +227,16 @@ def make_plan(params: Params, paths: Paths, profile: str = "paper") -> Plan:
         for system in ev.systems.sparse:
             add(lengths(Line(f"evaluate-sparse@{system}-{dataset}", system, docs=n, queries=queries, pairs=rerank, disk=None,
                              note="corpus matrix: ? bytes"), dataset, ev.max_seq_length, ev.max_seq_length))
-        for warm, objective in [(w, o) for w in cfg.warm_starts for o in cfg.objectives]:
+        for warm, (objective, seed) in [(w, r) for w in cfg.warm_starts for r in cfg.runs()]:
             if cfg.tower == "query":
                 docs, emb, note = artifact(warm, ev.max_seq_length, dataset) if full else (0, 0, "")
             else:
                 docs, emb, note = (n, None if _facts(params, warm)[1] is None else n * _facts(params, warm)[1] * 2, "")
             kept = [e for e in ev.policy_epochs if e in cfg.keep_epochs and 0 < e < cfg.epochs]
             subset = 0 if cfg.tower == "query" else len(kept) * min(n, rerank)  # rerank-only: candidates alone
-            add(lengths(Line(f"evaluate-policy@{warm}-{objective}-{dataset}", policy_name(warm, objective), docs=docs + subset,
+            stage = (f"evaluate-policy@{warm}-{objective}-{dataset}" if seed is None
+                     else f"evaluate-policy-seeds@{warm}-{objective}-{seed}-{dataset}")
+            add(lengths(Line(stage, policy_name(warm, run_key(objective, seed)), docs=docs + subset,
                              queries=queries * (1 + len(kept)), pairs=rerank * (1 + len(kept)),
                              disk=None if emb is None else emb + results * 2,
                              note=(note + (f"; epochs {kept}: rerank only" if kept else "")).strip("; "), encode_model=warm),

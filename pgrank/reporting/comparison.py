@@ -2,9 +2,10 @@
 
 Written by ``pgrank tables`` as ``objectives.md`` / ``.tex`` when ``train.objectives`` lists more than
 one loss (the ``compare`` profile). Per warm start, one row for the warm start itself and one per
-objective; per evaluation set and stage, one column of nDCG@10 with two paired p-values
-(``evaluate.significance.test`` over the same queries): against PG-Rank (``pgrank-<warm>``) and against
-the warm start; then the training wall time per epoch.
+objective or variant (``train.variants``); per evaluation set and stage, one column of nDCG@10 with two paired
+p-values (``evaluate.significance.test`` over the same queries): against PG-Rank (``pgrank-<warm>``) and against
+the warm start; then the training wall time per epoch. With ``train.extra_seeds``, the nDCG@10 is the mean ±
+standard deviation over seeds and the tests pair per-query means over seeds.
 
 Inputs: the ``per_query.json`` and ``metrics.json`` files of ``pgrank evaluate`` (DVC-tracked) and
 ``Paths.timings`` (the wall time ``pgrank train`` measured around each epoch's updates, validation
@@ -16,12 +17,13 @@ byte-identical, and only the time column can differ.
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 from pgrank.config import EVAL_STAGES, Params
 from pgrank.core.significance import paired_test
 from pgrank.errors import PgrankError
-from pgrank.paths import Paths, policy_name
+from pgrank.paths import DEFAULT_OBJECTIVE, Paths, policy_name, run_key
 from pgrank.reporting.rendering import DASH, Cell, Column, Row, Table, eval_set_name, system_name
 
 METRIC = "ndcg@10"
@@ -55,46 +57,91 @@ def _p(value: float | None) -> str:
     return "<0.001" if value < 0.001 else f"{value:.3f}"
 
 
+def _flat(overrides: dict, prefix: str = "") -> list[str]:
+    """``{pg: {num_samples: 1000}}`` -> ``["pg.num_samples=1000"]``."""
+    out = []
+    for key, value in overrides.items():
+        if isinstance(value, dict):
+            out += _flat(value, f"{prefix}{key}.")
+        else:
+            out.append(f"{prefix}{key}={value}")
+    return out
+
+
+def row_label(params: Params, warm: str, objective: str) -> str:
+    """"ListNet with minilm"; a variant: "PG-Rank (pg.num_samples=1000) with minilm"."""
+    variant = params.train.variants.get(objective)
+    if variant is None:
+        return system_name(policy_name(warm, objective))
+    loss = system_name(policy_name(warm, variant.objective)).removesuffix(f" with {system_name(warm)}")
+    return f"{loss} ({', '.join(_flat(variant.overrides)) or objective}) with {system_name(warm)}"
+
+
+def seed_mean(runs: list[dict[str, float]]) -> dict[str, float]:
+    """Per query, the mean over seeds (the queries every seed's run scored)."""
+    common = set(runs[0]).intersection(*runs[1:])
+    return {q: sum(r[q] for r in runs) / len(runs) for q in runs[0] if q in common}
+
+
+def score_text(runs: list[dict[str, float]], decimals: int) -> str:
+    """The mean nDCG@10 of one run, or the mean +- standard deviation of the seeds' means."""
+    means = [sum(r.values()) / len(r) for r in runs]
+    text = f"{statistics.fmean(means):.{decimals}f}"
+    return text if len(means) == 1 else f"{text} ± {statistics.stdev(means):.{decimals}f}"
+
+
 def comparison_table(params: Params, paths: Paths) -> Table:
-    """Rows: each warm start, then its policies by objective; columns: eval set x stage, then s/epoch."""
-    decimals, test = params.tables.decimals, params.evaluate.significance.test
+    """Rows: each warm start, then its policies by objective; columns: eval set x stage, then s/epoch.
+
+    With ``train.extra_seeds``, a cell is the mean +- sample standard deviation over the seeds of each seed's
+    nDCG@10, and its p-values pair the per-query means over seeds (the seeds a run has results for)."""
+    decimals, test, cfg = params.tables.decimals, params.evaluate.significance.test, params.train
     columns = [(eval_set, stage) for eval_set in params.data.eval_sets for stage in params.evaluate.stages
                if stage in EVAL_STAGES]
+    seeds = [None, *cfg.extra_seeds]
 
     def values(system: str, eval_set: str, stage: str) -> dict[str, float] | None:
         dataset, split = eval_set.split("/")
         return read_per_query(paths.results(system, dataset, split, stage) / "per_query.json")
 
+    def seeded(warm: str, objective: str, eval_set: str, stage: str) -> list[dict[str, float]]:
+        found = (values(policy_name(warm, run_key(objective, s)), eval_set, stage) for s in seeds)
+        return [v for v in found if v]
+
     rows = []
-    for warm in params.train.warm_starts:
-        pg = policy_name(warm)
-        for system, objective in [(warm, None), *((policy_name(warm, o), o) for o in params.train.objectives)]:
+    for warm in cfg.warm_starts:
+        for objective in [None, *cfg.objectives]:
             cells = []
             for eval_set, stage in columns:
-                ours = values(system, eval_set, stage)
-                if ours is None:
+                runs = seeded(warm, objective, eval_set, stage) if objective else [
+                    v for v in [values(warm, eval_set, stage)] if v]
+                if not runs:
                     cells.append(Cell(DASH, compared=False))
                     continue
-                text = f"{sum(ours.values()) / len(ours):.{decimals}f}"
+                text = score_text(runs, decimals)
                 if objective is not None:
-                    against_pg = values(pg, eval_set, stage) if system != pg else None
+                    ours = seed_mean(runs)
+                    pg = seeded(warm, DEFAULT_OBJECTIVE, eval_set, stage) if objective != DEFAULT_OBJECTIVE else []
                     against_warm = values(warm, eval_set, stage)
-                    text += (f" ({_p(paired_test(ours, against_pg, test) if against_pg else None)} / "
+                    text += (f" ({_p(paired_test(ours, seed_mean(pg), test) if pg else None)} / "
                              f"{_p(paired_test(ours, against_warm, test) if against_warm else None)})")
                 cells.append(Cell(text, compared=False))
-            rate = params.train.learning_rate_for(objective) if objective else None
+            rate = cfg.learning_rate_for(objective) if objective else None
             cells.append(Cell(DASH if rate is None else f"{rate:g}", compared=False))
-            seconds = epoch_seconds(paths.timings(warm, objective)) if objective else None
-            cells.append(Cell(DASH if seconds is None else f"{seconds:.0f}", compared=False))
-            label = f"{system_name(warm)} (warm start)" if objective is None else system_name(system)
+            timed = [epoch_seconds(paths.timings(warm, run_key(objective, s))) for s in seeds] if objective else []
+            timed = [t for t in timed if t is not None]
+            cells.append(Cell(f"{statistics.fmean(timed):.0f}" if timed else DASH, compared=False))
+            label = f"{system_name(warm)} (warm start)" if objective is None else row_label(params, warm, objective)
             rows.append(Row(label, tuple(cells)))
     table_columns = tuple(
         Column(f"{eval_set}/{stage}", f"{eval_set_name(eval_set)} {STAGE_NAMES[stage]}", STAGE_NAMES[stage],
                group=eval_set_name(eval_set)) for eval_set, stage in columns
     ) + (Column("lr", "Learning rate", "lr"), Column("seconds", "Train s/epoch", "s/epoch"))
-    note = (f"Cells: nDCG@10 (p against PG-Rank / p against the warm start; paired {test} test over the same "
-            f"queries); every objective trains on the same candidate sets for {params.train.epochs} epochs of "
-            f"batches of {params.train.batch_size} queries, at its own learning rate (train.learning_rates, chosen "
+    over = (f"mean ± sd over {len(seeds)} seeds ({', '.join(map(str, [cfg.seed, *cfg.extra_seeds]))}) of nDCG@10; p: "
+            "paired over the per-query means over seeds" if cfg.extra_seeds else "nDCG@10")
+    note = (f"Cells: {over} (p against PG-Rank / p against the warm start; paired {test} test over the same "
+            f"queries); every objective trains on the same candidate sets for {cfg.epochs} epochs of "
+            f"batches of {cfg.batch_size} queries, at its own learning rate (train.learning_rates, chosen "
             f"on validation); s/epoch: wall time of an epoch's updates, validation excluded "
             f"(measured, not reproducible)")
     return Table("objectives", "Same candidates, same budget: Neural PG-Rank against standard losses (nDCG@10)",

@@ -75,6 +75,7 @@ class Run:
     forward: Any = None  # the DDP wrapper of the policy (the policy itself in one process)
     no_sync: Any = None
     anchor: Any = None  # the warm start's weights (pgrank.training.weight_space.Anchor), when mixtures or L2 need them
+    name: str = ""  # the run's folders' name (pgrank.paths.run_key): the objectives entry, .s<seed> at an extra seed
 
     @property
     def cfg(self):

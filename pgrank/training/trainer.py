@@ -44,7 +44,7 @@ from pgrank.atomic import write_json, write_text
 from pgrank.config import Params
 from pgrank.core.objectives import OBJECTIVES
 from pgrank.errors import PgrankError
-from pgrank.paths import Paths
+from pgrank.paths import Paths, run_key
 from pgrank.training import checkpoints, distributed, selection
 from pgrank.training.weight_space import Anchor
 from pgrank.training.batches import epoch_order, make_batch
@@ -72,7 +72,8 @@ def _fingerprint(params: Params, warm_key: str, objective: str, data: Sequence[s
     """What resumes a run or invalidates it: its settings, and ``data``, the content digests of the candidate
     stores it trains and validates on (new judgments under the same split name must not resume old state)."""
     # How long to wait changes no result, nor do the other objectives' runs.
-    train = params.train.model_dump(mode="json", exclude={"ddp_timeout_minutes", "objectives", "learning_rates"})
+    train = params.train.model_dump(mode="json", exclude={"ddp_timeout_minutes", "objectives", "learning_rates",
+                                                          "variants", "extra_seeds"})
     train.update(objective=objective, learning_rate=params.train.learning_rate_for(objective))
     blob = json.dumps({"train": train, "data": params.data.train,
                        "validation": [params.data.validation_size, params.data.validation_seed],
@@ -81,9 +82,10 @@ def _fingerprint(params: Params, warm_key: str, objective: str, data: Sequence[s
 
 
 def setup(params: Params, paths: Paths, warm_start: str, objective: str, device: str | None, *,
-          progress: bool) -> Run:
+          progress: bool, name: str | None = None) -> Run:
     """Resolve the warm start, open the data, build the models (each weight file read once), seed, and make
-    the optimizer: everything of a run before its trainer state."""
+    the optimizer: everything of a run before its trainer state. ``params.train`` is the run's own
+    (:meth:`TrainConfig.for_run`); ``name`` its folders' (:func:`pgrank.paths.run_key`; default ``objective``)."""
     from pgrank.models.names import resolve_model
 
     cfg = params.train
@@ -109,7 +111,7 @@ def setup(params: Params, paths: Paths, warm_start: str, objective: str, device:
     # The warm start's weights, for mixtures with it and the L2 pull toward it (taken before a resume loads state).
     anchored = cfg.l2_to_warm_start > 0 or cfg.selection.interpolation != [1.0]
     return Run(params, paths, warm_start, objective, ref, doc_ref, world, dev, data, fingerprint, models, trainable,
-               optimizer, scheduler, anchor=Anchor.of(model) if anchored else None)
+               optimizer, scheduler, anchor=Anchor.of(model) if anchored else None, name=name or objective)
 
 
 def resume(run: Run) -> None:
@@ -118,7 +120,7 @@ def resume(run: Run) -> None:
     from pgrank.models.loading import load_encoder
 
     paths, model = run.paths, run.models.policy
-    state_dir = paths.train_state(run.warm_start, run.objective)
+    state_dir = paths.train_state(run.warm_start, run.name)
     state = checkpoints.load_state(state_dir)
     if state is not None and state.fingerprint != run.fingerprint:
         log.warning("%s: settings changed since this state was saved; starting over", state_dir)
@@ -133,10 +135,10 @@ def resume(run: Run) -> None:
     else:
         state = checkpoints.TrainerState(epoch=0, step=0, fingerprint=run.fingerprint)
         if run.world.is_main:
-            (paths.training_log(run.warm_start, run.objective) / "curve.csv").unlink(missing_ok=True)  # a fresh curve
+            (paths.training_log(run.warm_start, run.name) / "curve.csv").unlink(missing_ok=True)  # a fresh curve
     if run.world.is_main:
         # The output (DVC `persist`, so that a killed run resumes) holds only this configuration's work.
-        model_dir = paths.model_dir(run.warm_start, run.objective)
+        model_dir = paths.model_dir(run.warm_start, run.name)
         stale = checkpoints.prune(model_dir, run.fingerprint, state.epoch)
         if stale:
             log.info("%s: removed %s, left by another configuration or an unfinished epoch", model_dir, ", ".join(stale))
@@ -163,7 +165,8 @@ def validated(run: Run) -> dict[str, float]:
 def write_checkpoint(run: Run, folder: Path, epoch: int, **extra) -> None:
     """The policy as a sentence-transformers checkpoint (``tower: query``: with the frozen document side)."""
     cfg, model = run.cfg, run.models.policy
-    meta = {"warm_start": run.warm_start, "warm_start_model": run.ref.key, "objective": run.objective, "tower": cfg.tower,
+    meta = {"warm_start": run.warm_start, "warm_start_model": run.ref.key, "objective": run.objective, "run": run.name,
+            "tower": cfg.tower,
             "epoch": epoch, "similarity": cfg.similarity, "fingerprint": run.fingerprint, **extra,
             "document_encoder": run.doc_ref.key if cfg.tower == "query" else None}
     doc_model = None
@@ -182,13 +185,13 @@ def keep_epoch(run: Run, epoch: int) -> None:
     if not run.world.is_main:
         return
     if epoch in cfg.keep_epochs or epoch == cfg.epochs:
-        write_checkpoint(run, run.paths.checkpoint(run.warm_start, epoch, run.objective), epoch)
+        write_checkpoint(run, run.paths.checkpoint(run.warm_start, epoch, run.name), epoch)
     if cfg.selection.rule == "last":
         return
     chosen = selection.select_row(run.state.history, cfg.validation_sets, cfg.selection)
     if chosen["epoch"] != epoch:
         return
-    folder, weight = run.paths.selected_checkpoint(run.warm_start, run.objective), selection.alpha(chosen)
+    folder, weight = run.paths.selected_checkpoint(run.warm_start, run.name), selection.alpha(chosen)
     if weight == 1.0:
         write_checkpoint(run, folder, epoch, selected_by=cfg.selection.rule)
     else:
@@ -233,7 +236,7 @@ def train_epoch(run: Run, epoch: int, tracker, *, progress: bool) -> tuple[dict,
             raise TrainingError(
                 f"epoch {epoch}, step {state.step + 1}: the gradient norm is {norm.item()}; stopped before "
                 f"updating. The last good checkpoint and resumable state are in "
-                f"{run.paths.model_dir(run.warm_start, run.objective)}. Lower train.learning_rate or raise "
+                f"{run.paths.model_dir(run.warm_start, run.name)}. Lower train.learning_rate or raise "
                 "train.pg.temperature.")
         run.optimizer.step()
         run.scheduler.step()
@@ -274,10 +277,10 @@ def end_epoch(run: Run, epoch: int, means: dict, seconds: float, curve: list[dic
         checkpoints.capture_rng(state)
         state.mlflow_run_id = tracker.info.run_id if tracker is not None else None
         state.curve += curve  # the state holds the whole curve: DVC deletes curve.csv before a rerun
-        log_dir = paths.training_log(run.warm_start, run.objective)
+        log_dir = paths.training_log(run.warm_start, run.name)
         _write_curve(log_dir / "curve.csv", state.curve)
-        _record_time(paths.timings(run.warm_start, run.objective), epoch, seconds, run.world.size, run.device)
-        checkpoints.save_state(paths.train_state(run.warm_start, run.objective), run.models.policy, state)
+        _record_time(paths.timings(run.warm_start, run.name), epoch, seconds, run.world.size, run.device)
+        checkpoints.save_state(paths.train_state(run.warm_start, run.name), run.models.policy, state)
     distributed.barrier(run.world)
 
 
@@ -288,9 +291,9 @@ def finish(run: Run, tracker) -> TrainResult:
     """The policy (the last epoch, or the one ``train.selection`` chose), its history written and logged, its
     model registered; the resumable state removed."""
     cfg, state, paths = run.cfg, run.state, run.paths
-    final = paths.checkpoint(run.warm_start, cfg.epochs, run.objective)
+    final = paths.checkpoint(run.warm_start, cfg.epochs, run.name)
     if cfg.selection.rule != "last":
-        final = paths.selected_checkpoint(run.warm_start, run.objective)
+        final = paths.selected_checkpoint(run.warm_start, run.name)
         chosen = selection.summary(state.history, cfg.validation_sets, cfg.selection)
         log.info("selected epoch %s by rule %s: %s", chosen["epoch"], cfg.selection.rule,
                  ", ".join(f"{k}={v:+.4f}" if k.endswith("gain") else f"{k}={v}" for k, v in chosen.items()))
@@ -302,7 +305,7 @@ def finish(run: Run, tracker) -> TrainResult:
                              "pgrank.selection.alpha": chosen["alpha"]})
     version = None
     if run.world.is_main:
-        log_dir = paths.training_log(run.warm_start, run.objective)
+        log_dir = paths.training_log(run.warm_start, run.name)
         _write_curve(log_dir / "curve.csv", state.curve)  # also when resumed at the end
         write_json(log_dir / "history.json", state.history)
         if tracker is not None:
@@ -311,41 +314,46 @@ def finish(run: Run, tracker) -> TrainResult:
 
             version = tracking.log_model(tracker, SentenceTransformer(str(final), device="cpu"),
                                          registered_name=run.params.tracking.registered_model)
-        checkpoints.remove(paths.train_state(run.warm_start, run.objective))
-    return TrainResult(paths.model_dir(run.warm_start, run.objective), final, state.history, version)
+        checkpoints.remove(paths.train_state(run.warm_start, run.name))
+    return TrainResult(paths.model_dir(run.warm_start, run.name), final, state.history, version)
 
 
 # --------------------------------------------------------------------------------------- the stage
 
 
-def train(params: Params, paths: Paths, warm_start: str, *, objective: str = "pg", device: str | None = None,
-          progress: bool = True) -> TrainResult:
-    """Train Neural PG-Rank (``objective`` pg; or another loss of ``train.objectives``) from ``warm_start`` (an
-    alias, hub id or folder) on ``data.train``, with ``train.learning_rates[objective]`` if set.
+def train(params: Params, paths: Paths, warm_start: str, *, objective: str = "pg", seed: int | None = None,
+          device: str | None = None, progress: bool = True) -> TrainResult:
+    """Train Neural PG-Rank (``objective`` pg; or another loss of ``train.objectives``, or a ``train.variants``
+    name) from ``warm_start`` (an alias, hub id or folder) on ``data.train``, with
+    ``train.learning_rates[objective]`` if set, at ``seed`` (``None``: ``train.seed``; one of
+    ``train.extra_seeds`` trains the run ``<objective>.s<seed>``, :func:`pgrank.paths.run_key`).
 
-    Writes ``Paths.checkpoint(warm_start, e, objective)`` for every kept epoch (and the last), under
-    ``Paths.training_log(warm_start, objective)`` ``history.json`` (per-epoch validation metrics) and
+    With ``R`` that run's name: writes ``Paths.checkpoint(warm_start, e, R)`` for every kept epoch (and the last),
+    under ``Paths.training_log(warm_start, R)`` ``history.json`` (per-epoch validation metrics) and
     ``curve.csv`` (per-step loss, utility, gradient norm, entropy), and the wall time of each epoch's
-    updates to ``Paths.timings(warm_start, objective)``. The steps: :func:`setup`, :func:`resume`, then per
+    updates to ``Paths.timings(warm_start, R)``. The steps: :func:`setup`, :func:`resume`, then per
     epoch :func:`train_epoch` and :func:`end_epoch` (validation and selection), and :func:`finish`.
 
     Raises:
         TrainingError: missing candidates, or a non-finite loss or gradient (the last good
             checkpoint and resumable state are kept).
     """
-    if objective not in OBJECTIVES:
-        raise PgrankError(f"objective {objective!r}: expected one of {', '.join(OBJECTIVES)}")
-    run = setup(params, paths, warm_start, objective, device, progress=progress)
+    if objective not in OBJECTIVES and objective not in params.train.variants:
+        raise PgrankError(f"objective {objective!r}: expected one of {', '.join(OBJECTIVES)} or a train.variants name")
+    name = run_key(objective, None if seed in (None, params.train.seed) else seed)
+    params = params.model_copy(update={"train": params.train.for_run(objective, seed)})
+    run = setup(params, paths, warm_start, params.train.objective_of(objective), device, progress=progress, name=name)
     resume(run)
     cfg, state = run.cfg, run.state
-    run_params = {"train": params.train.model_dump(mode="json"), "data.train": params.data.train, "warm_start": run.ref.key,
-                  "objective": objective, "learning_rate": cfg.learning_rate_for(objective),
+    run_params = {"train": cfg.model_dump(mode="json"), "data.train": params.data.train, "warm_start": run.ref.key,
+                  "objective": run.objective, "run": name, "learning_rate": cfg.learning_rate,
                   **({"document_encoder": run.doc_ref.key} if cfg.tower == "query" else {})}
     # A resumed run links the run that saved the state it continues (killed runs are marked KILLED).
     resumed = {"pgrank.resumed_from": state.mlflow_run_id} if state.epoch and state.mlflow_run_id else {}
-    run_name = f"train-{warm_start}" + ("" if objective == "pg" else f"-{objective}")
+    run_name = f"train-{warm_start}" + ("" if name == "pg" else f"-{name}")
     with tracking.stage_run(params, paths, run_name, log_params=run_params,
-                            tags={"stage": "train", "warm_start": warm_start, "objective": objective, **resumed},
+                            tags={"stage": "train", "warm_start": warm_start, "objective": run.objective, "run": name,
+                                  "seed": str(cfg.seed), **resumed},
                             enabled=run.world.is_main and params.tracking.enabled, resources=True) as tracker:
         if state.epoch == 0 and not state.history:
             metrics = validated(run)

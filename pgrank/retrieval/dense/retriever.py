@@ -23,7 +23,7 @@ import numpy as np
 
 from pgrank.config import Params
 from pgrank.errors import PgrankError
-from pgrank.paths import Paths, parse_policy_name
+from pgrank.paths import Paths, parse_policy_name, split_run_key
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,8 @@ def policy_system(params: Params, paths: Paths, name: str) -> DenseSystem:
     warm, objective = policy.warm, policy.objective
     epoch = params.train.epochs if policy.epoch is None else policy.epoch
     folder = paths.checkpoint(warm, epoch, objective)
-    if policy.epoch is None and params.train.selection.rule != "last":  # the epoch train.selection chose
+    rule = params.train.for_run(split_run_key(objective)[0]).selection.rule  # a variant may select otherwise
+    if policy.epoch is None and rule != "last":  # the epoch train.selection chose
         folder = paths.selected_checkpoint(warm, objective)
     if not folder.is_dir():
         raise PgrankError(f"{folder}: no checkpoint for system {name!r}; run `pgrank train --warm-start {warm} "
