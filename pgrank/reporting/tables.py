@@ -43,6 +43,7 @@ from pgrank.atomic import atomic_path
 from pgrank.config import Params
 from pgrank.paths import Paths, policy_name, slug
 from pgrank.reporting.comparison import comparison_table
+from pgrank.reporting.mixtures import mixture_rows
 from pgrank.reporting.rendering import (
     Cell,
     Column,
@@ -259,8 +260,11 @@ def score_table(spec: ScoreSpec, params: Params, results: Results, published: di
                  significance=_significance_note(params), source=spec.source, empty=empty)
 
 
-def ablation_table(params: Params, results: Results, published: dict) -> Table:
-    """Second-stage nDCG@10 of each warm start's policy at epoch 0 -> kept epochs -> last."""
+def ablation_table(params: Params, results: Results, published: dict,
+                   histories: dict[str, list[dict]] | None = None) -> Table:
+    """Second-stage nDCG@10 of each warm start's policy at epoch 0 -> kept epochs -> last; with
+    ``train.selection.interpolation``, then the validation nDCG@10 of each mixture with the warm start
+    (:mod:`pgrank.reporting.mixtures`; ``histories``: each warm start's PG-Rank ``history.json``)."""
     stage, metric, decimals = "rerank", "ndcg@10", params.tables.decimals
     inside, outside = domains(params)
     paper = published.get("epoch-ablation", {})
@@ -287,16 +291,17 @@ def ablation_table(params: Params, results: Results, published: dict) -> Table:
     rows.append(row(f"Avg. on other BEIR datasets (n = {len(complete)})", averages,
                     [paper.get(AVERAGE_OTHER, {}).get(s) if same_sets else None for s in systems],
                     [False] * len(systems), False))
+    rows += mixture_rows(params, histories or {}, [(w, e) for w in params.train.warm_starts for e in epochs])
     title = "Second-stage reranking: nDCG@10 at epoch " + " → ".join(map(str, epochs))
     return Table("epoch-ablation", title, columns, tuple(rows), significance=_significance_note(params),
                  source="Table 10 (tab:eval_rerank_epoch_comparison)")
 
 
 def build_tables(params: Params, results: Results, statistics: dict[str, DatasetStats | None],
-                 published: dict) -> list[Table]:
+                 published: dict, histories: dict[str, list[dict]] | None = None) -> list[Table]:
     """Every table, in :data:`TABLE_NAMES` order (pure: inputs already read)."""
     built = {spec.name: score_table(spec, params, results, published) for spec in SCORE_TABLES}
-    built["epoch-ablation"] = ablation_table(params, results, published)
+    built["epoch-ablation"] = ablation_table(params, results, published, histories)
     built["dataset-statistics"] = statistics_table(params, statistics, published)
     built["hyperparameters"] = hyperparameter_table(params, published)
     return [built[name] for name in TABLE_NAMES]
@@ -344,7 +349,8 @@ def make_tables(params: Params, paths: Paths) -> list[Path]:
     """
     published = load_published()
     results = collect_results(paths, needed_systems(params), list(params.data.eval_sets))
-    tables = build_tables(params, results, collect_statistics(params, paths), published)
+    histories = {w: read_history(paths.training_log(w) / "history.json") for w in params.train.warm_starts}
+    tables = build_tables(params, results, collect_statistics(params, paths), published, histories)
     if "objectives" in table_names(params):
         tables.append(comparison_table(params, paths))
     formats = params.tables.formats

@@ -23,17 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pgrank.config import SelectionConfig
-
-METRIC = "ndcg@10"
-
-
-def in_domain_key(metric: str = METRIC) -> str:
-    return f"val_{metric}"
-
-
-def set_key(name: str, metric: str = METRIC) -> str:
-    """History key of an out-of-domain validation set's metric, e.g. ``val_nfcorpus/dev_ndcg@10``."""
-    return f"val_{name}_{metric}"
+from pgrank.core.history import METRIC, alpha, in_domain_key, set_key  # noqa: F401 (selection's vocabulary)
 
 
 def eligible(row: dict, warm: dict, sets: Sequence[str], cfg: SelectionConfig) -> bool:
@@ -41,11 +31,6 @@ def eligible(row: dict, warm: dict, sets: Sequence[str], cfg: SelectionConfig) -
     if cfg.rule != "guarded":
         return True
     return all(row[set_key(s)] >= warm[set_key(s)] - cfg.margin for s in sets)
-
-
-def alpha(row: dict) -> float:
-    """A history row's interpolation weight: 1 for an epoch as trained."""
-    return float(row.get("alpha", 1.0))
 
 
 def select_row(history: Sequence[dict], sets: Sequence[str], cfg: SelectionConfig) -> dict:

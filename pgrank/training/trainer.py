@@ -341,8 +341,9 @@ def train(params: Params, paths: Paths, warm_start: str, *, objective: str = "pg
     if objective not in OBJECTIVES and objective not in params.train.variants:
         raise PgrankError(f"objective {objective!r}: expected one of {', '.join(OBJECTIVES)} or a train.variants name")
     name = run_key(objective, None if seed in (None, params.train.seed) else seed)
+    loss = params.train.objective_of(objective)
     params = params.model_copy(update={"train": params.train.for_run(objective, seed)})
-    run = setup(params, paths, warm_start, params.train.objective_of(objective), device, progress=progress, name=name)
+    run = setup(params, paths, warm_start, loss, device, progress=progress, name=name)
     resume(run)
     cfg, state = run.cfg, run.state
     run_params = {"train": cfg.model_dump(mode="json"), "data.train": params.data.train, "warm_start": run.ref.key,

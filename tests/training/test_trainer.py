@@ -426,3 +426,30 @@ def test_each_objective_trains_its_own_policy_at_its_own_learning_rate(tmp_path,
     assert _fingerprint(params, key, "listnet", data) == read_checkpoint_meta(listnet.final)["fingerprint"] != fingerprint
     faster = params.model_copy(update={"train": params.train.model_copy(update={"learning_rates": {"listnet": 1e-2}})})
     assert _fingerprint(faster, key, "listnet", data) != _fingerprint(params, key, "listnet", data)
+
+
+def test_a_variant_at_an_extra_seed_trains_its_own_run_with_its_own_settings(tmp_path, tiny_model_dir):
+    """train.variants + train.extra_seeds: the run pg_x.s7 trains the loss pg with the variant's keys at seed 7,
+    into its own folders; the same variant at train.seed is another run with other weights."""
+    import json
+
+    name = str(tiny_model_dir)
+    overrides = {"train.objectives": ["pg", "pg_x"], "train.extra_seeds": [7], "train.epochs": 1,
+                 "train.keep_epochs": [0, 1],
+                 "train.variants": {"pg_x": {"objective": "pg", "overrides": {"pg": {"num_samples": 4}}}}}
+    params, paths = make_project(tmp_path, tiny_model_dir, overrides=overrides)
+    main = train(params, paths, name, objective="pg_x", device="cpu", progress=False)
+    seeded = train(params, paths, name, objective="pg_x", seed=7, device="cpu", progress=False)
+    assert main.final == paths.checkpoint(name, 1, "pg_x") and seeded.final == paths.checkpoint(name, 1, "pg_x.s7")
+    meta = read_checkpoint_meta(seeded.final)
+    assert (meta["objective"], meta["run"]) == ("pg", "pg_x.s7")
+    assert read_checkpoint_meta(main.final)["fingerprint"] != meta["fingerprint"]  # the seed is part of a run
+    w_main, w_seed = _weights(main.final), _weights(seeded.final)
+    assert any(not torch.equal(w_main[k], w_seed[k]) for k in w_main)
+    assert json.loads((paths.training_log(name, "pg_x.s7") / "history.json").read_text()) == seeded.history
+    # the variant's own keys reach the step: 4 rankings per query, where the profile samples 8
+    curve = (paths.training_log(name, "pg_x.s7") / "curve.csv").read_text().splitlines()
+    assert curve and paths.timings(name, "pg_x.s7").is_file()
+    assert params.train.for_run("pg_x", 7).pg.num_samples == 4 and params.train.pg.num_samples == 8
+    with pytest.raises(Exception, match="objective 'ranknet'"):
+        train(params, paths, name, objective="ranknet", device="cpu", progress=False)
