@@ -105,14 +105,15 @@ def _rows(model, prefix: str, comments: dict[str, str], stage_params, params_doc
     rows = []
     for name, field in model.model_fields.items():
         dotted = f"{prefix}{name}"
-        value = params_doc.get(name, field.get_default(call_default_factory=True))
+        value = params_doc.get(name, None if field.is_required() else field.get_default(call_default_factory=True))
         if isinstance(value, BaseModel):
             value = value.model_dump(mode="json")
         nested, keyed = _model_of(field.annotation)
         meaning = (field.description or comments.get(dotted, "")).replace("|", "\\|")
         stages = ", ".join(f"`{s}`" for s in _stages_reading(dotted, stage_params)) or "—"
+        shown = "required" if field.is_required() and name not in params_doc else f"`{json.dumps(value)}`"
         if nested is None or keyed:
-            rows.append(f"| `{dotted}` | `{_type_name(field.annotation)}` | `{json.dumps(value)}` | {meaning} | {stages} |")
+            rows.append(f"| `{dotted}` | `{_type_name(field.annotation)}` | {shown} | {meaning} | {stages} |")
         else:
             rows.append(f"| `{dotted}` | section | | {meaning} | {stages} |")
         if nested is not None:

@@ -59,3 +59,9 @@ def test_each_log_message_reaches_the_console_once_even_when_a_library_logs_thro
               "logging.getLogger('sentence_transformers').info('library detail, not shown')\n")
     err = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60).stderr
     assert err.splitlines() == ["pgrank: before", "WARNING:root:a library speaks through the root logger", "pgrank: after"]
+
+
+def test_train_refuses_a_seed_the_params_do_not_list():
+    out = run("--set", "train.extra_seeds=[43]", "train", "--seed", "7")
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    assert "--seed 7" in out.stderr and "train.extra_seeds [43]" in out.stderr

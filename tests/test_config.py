@@ -146,3 +146,33 @@ def test_estimators_and_the_utilities_they_take():
     assert "train.pg.estimator" in msg and "linear in the documents' gains" in msg
     msg = str(pytest.raises(ConfigError, load_params, PARAMS, ["train.pg.estimator=plrank4"]).value)
     assert "train.pg.estimator" in msg and "plrank3" in msg
+
+
+def test_variants_and_extra_seeds_name_runs_with_their_own_train_section():
+    variant = "train.variants={pg_n1000: {objective: pg, overrides: {pg: {num_samples: 1000}}}}"
+    p = load_params(PARAMS, ["train.objectives=[pg, listnet, pg_n1000]", variant, "train.extra_seeds=[43, 44]",
+                             "train.learning_rates={pg: 3.0e-4}"])
+    assert p.train.runs() == [("pg", None), ("listnet", None), ("pg_n1000", None), ("pg", 43), ("listnet", 43),
+                              ("pg_n1000", 43), ("pg", 44), ("listnet", 44), ("pg_n1000", 44)]
+    run = p.train.for_run("pg_n1000", 43)
+    assert (run.pg.num_samples, run.seed, run.learning_rate, p.train.pg.num_samples) == (1000, 43, 3e-4, 5000)
+    assert p.train.learning_rate_for("pg_n1000") == 3e-4 and p.train.learning_rate_for("listnet") == 1e-6
+    assert p.train.objective_of("pg_n1000") == "pg" and p.train.for_run("listnet").seed == 42
+
+
+@pytest.mark.parametrize(("overrides", "key", "expect"), [
+    (["train.objectives=[pg, ranknet]"], "train.objectives.1", "neither a loss"),
+    (["train.objectives=[pg, pg_x]", "train.variants={pg_x: {objective: pg, overrides: {pg: {estimatr: plrank3}}}}"],
+     "train.variants.pg_x.overrides", "pg.estimatr: unknown key"),
+    (["train.variants={pg_x: {objective: pg, overrides: {pg: {estimator: plrank3, utility: mrr@10}}}}"],
+     "train.variants.pg_x.overrides.pg.estimator", "linear in the documents' gains"),
+    (["train.variants={pg_x: {objective: pg, overrides: {extra_seeds: [1]}}}"], "train.variants.pg_x.overrides",
+     "cannot differ per variant"),
+    (["train.variants={listnet: {objective: pg}}"], "train.variants.listnet", "a loss's name"),
+    (["train.variants={pg_x: {objective: ranknet}}"], "train.variants.pg_x.objective", "pg"),
+    (["train.extra_seeds=[42]"], "train.extra_seeds", "is train.seed"),
+    (["train.extra_seeds=[43, 43]"], "train.extra_seeds", "more than once"),
+])
+def test_bad_variants_and_seeds_are_named(overrides, key, expect):
+    msg = str(pytest.raises(ConfigError, load_params, PARAMS, overrides).value)
+    assert f"{key}:" in msg and expect in msg, msg

@@ -107,8 +107,9 @@ def test_every_stage_maps_to_one_package():
 
     stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
     package_of = {"download": "download", "mine-train": "mining", "mine": "mining", "train": "training",
-                  "evaluate-bm25": "evaluation", "evaluate-dense": "evaluation", "evaluate-sparse": "evaluation",
-                  "evaluate-policy": "evaluation", "tables": "reporting"}
+                  "train-seeds": "training", "evaluate-bm25": "evaluation", "evaluate-dense": "evaluation",
+                  "evaluate-sparse": "evaluation", "evaluate-policy": "evaluation", "evaluate-policy-seeds": "evaluation",
+                  "tables": "reporting"}
     assert set(stages) == set(package_of)
     for stage, package in package_of.items():
         deps = (stages[stage].get("do") or stages[stage])["deps"]

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from pgrank.config import PathsConfig
-from pgrank.paths import Paths, PolicyName, parse_policy_name, policy_name
+from pgrank.paths import Paths, PolicyName, parse_policy_name, policy_name, run_key, split_run_key
 
 
 @pytest.mark.parametrize(("name", "policy", "canonical"), [
@@ -15,6 +17,8 @@ from pgrank.paths import Paths, PolicyName, parse_policy_name, policy_name
     ("pgrank-minilm+listnet", PolicyName("minilm", "listnet", None), "pgrank-minilm+listnet"),
     ("pgrank-minilm+lambdaloss@4", PolicyName("minilm", "lambdaloss", 4), "pgrank-minilm+lambdaloss@4"),
     ("pgrank-org/model+infonce", PolicyName("org/model", "infonce", None), "pgrank-org/model+infonce"),
+    ("pgrank-minilm+pg.s43", PolicyName("minilm", "pg.s43", None), "pgrank-minilm+pg.s43"),  # an extra seed's run
+    ("pgrank-minilm+pg_n1000.s44@1", PolicyName("minilm", "pg_n1000.s44", 1), "pgrank-minilm+pg_n1000.s44@1"),
 ])
 def test_policy_names_round_trip(name, policy, canonical):
     assert parse_policy_name(name) == policy
@@ -43,3 +47,12 @@ def test_each_objective_has_its_own_folders_and_pg_keeps_the_plain_name(tmp_path
     # comparison systems are unchanged
     assert paths.results("minilm", "scifact", "test", "full") == root / "results/minilm/scifact/test/full"
     assert paths.metrics_summary("bm25", "nfcorpus") == root / "metrics/bm25/nfcorpus.json"
+
+
+def test_an_extra_seed_is_a_run_of_its_own_beside_the_objective():
+    assert run_key("infonce", None) == "infonce" and run_key("infonce", 43) == "infonce.s43"
+    assert split_run_key("infonce.s43") == ("infonce", 43) and split_run_key("pg_n1000") == ("pg_n1000", None)
+    paths = Paths.from_config(PathsConfig(root="r", data="data", embeddings="emb"), Path("/p"))
+    assert paths.checkpoint("minilm", 2, run_key("pg", 43)) == Path("/p/r/models/minilm/pg.s43/epoch-2")
+    assert paths.results("pgrank-minilm+pg.s43", "scifact", "test", "full") == Path(
+        "/p/r/results/pgrank-minilm/pg.s43/scifact/test/full")  # what dvc.yaml's evaluate-policy-seeds writes

@@ -138,3 +138,13 @@ def test_an_unknown_split_is_an_error(tmp_path, override):
 
     with pytest.raises(PgrankError, match="scifact has no split 'dev'"):
         _plan(tmp_path, "demo", override)
+
+
+def test_the_compare_plan_counts_each_variant_and_seed_as_a_run_of_its_own(tmp_path):
+    params, plan = _plan(tmp_path, "compare")
+    lines = {line.stage: line for line in plan.lines}
+    runs = len(params.train.objectives) * (1 + len(params.train.extra_seeds))
+    assert len([s for s in lines if s.startswith(("train@", "train-seeds@"))]) == runs
+    assert lines["train-seeds@minilm-pg_n5000-44"].rankings == 709 * 5000 * 2  # the variant's own rankings per query
+    assert lines["train@minilm-pg_n1000"].rankings == 709 * 1000 * 2 and lines["train@minilm-infonce"].rankings == 0
+    assert "evaluate-policy-seeds@minilm-listnet-43-scifact" in lines

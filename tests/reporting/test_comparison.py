@@ -82,3 +82,42 @@ def test_a_malformed_per_query_file_is_named(tmp_path):
     (folder / "per_query.json").write_text('{"q1": {"mrr@10": 1}}')
     with pytest.raises(PgrankError, match=r"per_query\.json.*ndcg@10"):
         comparison_table(params, paths)
+
+
+def test_extra_seeds_give_mean_and_sd_with_tests_on_per_query_means_over_seeds(tmp_path):
+    """train.extra_seeds: a cell is mean ± sd of the seeds' nDCG@10; its p-values pair the per-query means over
+    seeds; a variant row names its loss and keys; the time is the mean over the seeds' runs."""
+    params = load_params(ROOT / "params.yaml", profile="demo", overrides=[
+        "paths.root=runs", "tables.formats=[md]", "train.objectives=[pg, listnet, pg_n9]", "train.extra_seeds=[7, 8]",
+        "train.variants={pg_n9: {objective: pg, overrides: {pg: {num_samples: 9}}}}", "data.eval_sets=[scifact/test]",
+        "evaluate.stages=[rerank]"])
+    paths = Paths.from_config(params.paths, base=tmp_path)
+    rng = np.random.default_rng(1)
+    base = rng.uniform(0.2, 0.8, 30)
+    warm = _per_query(paths, "minilm", "scifact/test", "rerank", base)
+    runs = {}
+    for objective, shift in (("pg", 0.04), ("listnet", 0.01), ("pg_n9", 0.05)):
+        for seed in (None, 7, 8):
+            key = objective if seed is None else f"{objective}.s{seed}"
+            values = np.clip(base + shift + rng.normal(0, 0.05, 30), 0, 1)
+            runs[objective, seed] = _per_query(paths, f"pgrank-minilm+{key}", "scifact/test", "rerank", values)
+            paths.timings("minilm", key).parent.mkdir(parents=True, exist_ok=True)
+            paths.timings("minilm", key).write_text(json.dumps({"epoch_seconds": {"1": 10.0 + (seed or 0)}}))
+    table = comparison_table(params, paths)
+    assert [r.label for r in table.rows] == ["minilm (warm start)", "PG-Rank with minilm", "ListNet with minilm",
+                                             "PG-Rank (pg.num_samples=9) with minilm"]
+    fmt = lambda p: "<0.001" if p < 0.001 else f"{p:.3f}"  # noqa: E731
+    per_seed = lambda o: [runs[o, s] for s in (None, 7, 8)]  # noqa: E731
+    means = [np.mean(list(r.values())) for r in per_seed("listnet")]
+    over_seeds = {q: np.mean([r[q] for r in per_seed("listnet")]) for q in warm}
+    pg_over_seeds = {q: np.mean([r[q] for r in per_seed("pg")]) for q in warm}
+    expected = (f"{np.mean(means):.3f} ± {np.std(means, ddof=1):.3f} ({fmt(paired_test(over_seeds, pg_over_seeds, 'student'))}"
+                f" / {fmt(paired_test(over_seeds, warm, 'student'))})")
+    assert table.rows[2].cells[0].ours == expected
+    assert table.rows[0].cells[0].ours == f"{np.mean(base):.3f}"  # the warm start: one run, no spread
+    assert [r.cells[-1].ours for r in table.rows] == ["—", "15", "15", "15"]  # mean over seeds: (10 + 17 + 18) / 3
+    assert "mean ± sd over 3 seeds (42, 7, 8)" in table.note
+    # a seed whose run is missing: the cell covers the seeds evaluated
+    (paths.results("pgrank-minilm+listnet.s8", "scifact", "test", "rerank") / "per_query.json").unlink()
+    two = [np.mean(list(r.values())) for r in per_seed("listnet")[:2]]
+    assert comparison_table(params, paths).rows[2].cells[0].ours.startswith(f"{np.mean(two):.3f} ± {np.std(two, ddof=1):.3f} (")
