@@ -73,7 +73,8 @@ TaskRunnerName = Literal["threads", "dask", "ray"]
 
 # Stages that run a model on the accelerator (the part of the name before "@"); the others (download,
 # BM25 evaluation, tables) are CPU and I/O only.
-DEVICE_STAGES = ("mine-train", "mine", "train", "evaluate-dense", "evaluate-sparse", "evaluate-policy")
+DEVICE_STAGES = ("mine-train", "mine", "train", "train-seeds", "evaluate-dense", "evaluate-sparse", "evaluate-policy",
+                 "evaluate-policy-seeds")
 DEVICE_TAG = "pgrank-device"  # the task tag of those stages, and its Prefect tag concurrency limit
 DEFAULT_MAX_WORKERS = 4  # stages at once: DVC processes, each of which may use every core
 

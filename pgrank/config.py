@@ -254,8 +254,8 @@ Objective = Literal["pg", "infonce", "listnet", "listmle", "listmle_topk", "lamb
 OBJECTIVE_NAMES: tuple[str, ...] = Objective.__args__
 # What train.objectives lists: a loss, or a variant of one (train.variants); a folder and policy-name part.
 RunName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]*$")]
-# train.* keys a variant may not change: they say which runs exist, not how one trains.
-_RUN_LIST_KEYS = ("objectives", "variants", "extra_seeds", "learning_rates", "seed", "warm_starts")
+# train.* keys a variant may not change: they say which runs exist, or what mine-train mines for all of them.
+_RUN_LIST_KEYS = ("objectives", "variants", "extra_seeds", "learning_rates", "seed", "warm_starts", "validation_sets")
 
 
 class VariantConfig(_Section):
@@ -270,7 +270,7 @@ class VariantConfig(_Section):
     def _no_run_list_keys(cls, value: dict[str, Any]) -> dict[str, Any]:
         bad = sorted(set(value) & set(_RUN_LIST_KEYS))
         if bad:
-            raise ValueError(f"{bad} say which runs exist and cannot differ per variant")
+            raise ValueError(f"{bad} cannot differ per variant: they say which runs exist or what mine-train mines")
         return value
 
 
@@ -574,7 +574,8 @@ def _run_problems(train: TrainConfig) -> list[tuple[tuple, str]]:
         except ValueError as exc:
             problems.append((where + ("overrides",), str(exc)))
             continue
-        problems += [(where + ("overrides", "pg") + loc[2:], msg) for loc, msg in _pg_problems(variant.pg)]
+        if variant.pg != train.pg:  # an inherited problem is reported once, at train.pg
+            problems += [(where + ("overrides", "pg") + loc[2:], msg) for loc, msg in _pg_problems(variant.pg)]
     if train.seed in train.extra_seeds:
         problems.append((("train", "extra_seeds"), f"{train.seed} is train.seed, trained already"))
     return problems

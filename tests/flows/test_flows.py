@@ -98,3 +98,14 @@ def test_stages_that_run_a_model_are_tagged_and_bounded_and_the_others_are_not()
     import inspect
 
     assert inspect.signature(pgrank_pipeline.fn).parameters["max_workers"].default == DEFAULT_MAX_WORKERS > 0
+
+
+def test_every_dvc_stage_that_loads_a_model_is_a_device_stage():
+    import yaml
+
+    from flows.pipeline import uses_device
+
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    for name, stage in stages.items():
+        deps = (stage.get("do") or stage)["deps"]
+        assert uses_device(f"{name}@x") == ("pgrank/models" in deps), name
