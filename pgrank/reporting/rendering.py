@@ -41,7 +41,7 @@ EVAL_SET_NAMES = {"msmarco/test": "TREC-DL 2019"}
 SYSTEM_NAMES = {"bm25": "BM25", "sbert": "SBERT", "tas-b": "TAS-B", "splade-v2": "SPLADEv2"}
 # Training objectives (train.objectives) by display name; pg is the paper's.
 OBJECTIVE_NAMES = {"pg": "PG-Rank", "infonce": "InfoNCE", "listnet": "ListNet", "listmle": "ListMLE",
-                   "lambdaloss": "LambdaLoss"}
+                   "listmle_topk": "Top-k ListMLE", "lambdaloss": "LambdaLoss"}
 
 
 # --------------------------------------------------------------------------------------- model

@@ -121,3 +121,10 @@ def test_extra_seeds_give_mean_and_sd_with_tests_on_per_query_means_over_seeds(t
     (paths.results("pgrank-minilm+listnet.s8", "scifact", "test", "rerank") / "per_query.json").unlink()
     two = [np.mean(list(r.values())) for r in per_seed("listnet")[:2]]
     assert comparison_table(params, paths).rows[2].cells[0].ours.startswith(f"{np.mean(two):.3f} ± {np.std(two, ddof=1):.3f} (")
+
+
+def test_every_loss_has_a_display_name():
+    from pgrank.config import OBJECTIVE_NAMES
+    from pgrank.reporting.rendering import OBJECTIVE_NAMES as DISPLAYED
+
+    assert set(DISPLAYED) == set(OBJECTIVE_NAMES)
