@@ -261,23 +261,30 @@ def test_paper_profile_validates_and_its_dag_lists_every_stage(tmp_path):
         assert edge in edges, edge
 
 
-def test_compare_profile_fans_training_and_evaluation_out_over_objectives(tmp_path):
-    """profiles/compare.yaml: one train stage and one evaluate-policy stage per dataset for each objective,
-    all feeding the tables (the comparison table reads every objective's results)."""
+def test_compare_profile_fans_training_and_evaluation_out_over_objectives_and_seeds(tmp_path):
+    """profiles/compare.yaml: one train stage and one evaluate-policy stage per dataset for each objective (losses
+    and variants), again at each extra seed, all feeding the tables (the comparison table reads every run's results)."""
     from pgrank.config import load_params
     from pgrank.pipeline.workspace import prepare
 
     project = project_copy(tmp_path / "project")
     params = load_params(project / "params.yaml", profile="compare")
-    assert params.train.objectives == ["pg", "infonce", "listnet", "listmle", "lambdaloss"]
+    assert params.train.objectives[:6] == ["pg", "infonce", "listnet", "listmle", "listmle_topk", "lambdaloss"]
+    assert set(params.train.objectives[6:]) == set(params.train.variants) and params.train.extra_seeds == [43, 44]
     ws = prepare(project / "params.yaml", "compare")
     names = set(_dvc(["stage", "list", "--name-only"], ws).split())
     trains = {f"train@minilm-{o}" for o in params.train.objectives}
+    trains |= {f"train-seeds@minilm-{o}-{s}" for o in params.train.objectives for s in (43, 44)}
     policies = {f"evaluate-policy@minilm-{o}-{d}" for o in params.train.objectives for d in ("scifact", "nfcorpus")}
-    assert trains | policies <= names
+    policies |= {f"evaluate-policy-seeds@minilm-{o}-{s}-{d}" for o in params.train.objectives for s in (43, 44)
+                 for d in ("scifact", "nfcorpus")}
+    assert trains | policies <= names and len(trains) == 30 and len(policies) == 60
     edges = set(re.findall(r'"([^"]+)" -> "([^"]+)"', _dvc(["dag", "--dot"], ws)))
     for o in params.train.objectives:
         assert ("mine-train", f"train@minilm-{o}") in edges
         assert (f"train@minilm-{o}", f"evaluate-policy@minilm-{o}-nfcorpus") in edges
         assert ("evaluate-dense@minilm-nfcorpus", f"evaluate-policy@minilm-{o}-nfcorpus") in edges
         assert (f"evaluate-policy@minilm-{o}-scifact", "tables") in edges
+        assert ("mine-train", f"train-seeds@minilm-{o}-43") in edges
+        assert (f"train-seeds@minilm-{o}-44", f"evaluate-policy-seeds@minilm-{o}-44-scifact") in edges
+        assert (f"evaluate-policy-seeds@minilm-{o}-43-nfcorpus", "tables") in edges
