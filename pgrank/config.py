@@ -357,6 +357,10 @@ class TrainConfig(_Section):
             raise ValueError("; ".join(f"{'.'.join(map(str, e['loc']))}: {_pydantic_message(e)}"
                                        for e in exc.errors())) from None
 
+    def kept_inside(self, epochs: list[int]) -> list[int]:
+        """Those of ``epochs`` (``evaluate.policy_epochs``) that are kept checkpoints strictly inside (0, epochs)."""
+        return [e for e in epochs if e in self.keep_epochs and 0 < e < self.epochs]
+
     def runs(self) -> list[tuple[str, int | None]]:
         """Every training run: ``(objectives entry, None)`` at train.seed, then each entry at each extra seed."""
         return [(name, None) for name in self.objectives] + [(n, s) for s in self.extra_seeds for n in self.objectives]

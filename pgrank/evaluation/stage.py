@@ -41,7 +41,7 @@ from pgrank.data.candidate_store import CandidateStore, open_candidates
 from pgrank.data.runs import ranked, write_run
 from pgrank.errors import PgrankError
 from pgrank.evaluation.systems import canonical, open_system, warm_start_of
-from pgrank.paths import parse_policy_name
+from pgrank.paths import parse_policy_name, split_run_key
 from pgrank.paths import Paths
 
 log = logging.getLogger(__name__)
@@ -195,7 +195,7 @@ def _evaluate_dataset(params: Params, paths: Paths, system: str, dataset: str, s
             results.append(r)
     policy = parse_policy_name(system)
     if policy is not None and policy.epoch is None and "rerank" in params.evaluate.stages:
-        kept = [e for e in params.evaluate.policy_epochs if e in params.train.keep_epochs and 0 < e < params.train.epochs]
+        kept = params.train.for_run(*split_run_key(policy.objective)).kept_inside(params.evaluate.policy_epochs)
         trained = [e for e in kept if paths.checkpoint(policy.warm, e, policy.objective).is_dir()]
         if len(trained) < len(kept):  # train.selection.patience stopped training before these epochs
             log.warning("%s: epochs %s were not trained (early stopping); not evaluated", system,

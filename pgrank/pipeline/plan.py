@@ -184,31 +184,31 @@ def make_plan(params: Params, paths: Paths, profile: str = "paper") -> Plan:
         _queries(sizes[d], d, split, params) for d, split in held_out)
     for warm, (objective, seed) in [(w, r) for w in cfg.warm_starts for r in cfg.runs()]:
         _, _, size = _facts(params, warm)
-        run = cfg.for_run(objective, seed)  # a variant's own settings (pg.num_samples, ...)
-        samples = run.pg.num_samples if run.objectives == ["pg"] else 0  # the other losses sample no rankings
-        kept = len(set(cfg.keep_epochs) | {cfg.epochs}) * (2 if cfg.tower == "query" else 1)
+        run = cfg.for_run(objective, seed)  # a variant's own settings (pg.num_samples, epochs, ...)
+        samples = run.pg.num_samples if cfg.objective_of(objective) == "pg" else 0  # the other losses sample no rankings
+        kept = len(set(run.keep_epochs) | {run.epochs}) * (2 if run.tower == "query" else 1)
         checkpoints = kept * size * 4 if size else None
-        per_epoch = cfg.queries_per_epoch or train_queries
+        per_epoch = run.queries_per_epoch or train_queries
         readings = [("train", per_epoch, "")]
-        if cfg.queries_per_epoch is None and samples:
+        if run.queries_per_epoch is None and samples:
             other = min(run.pg.num_samples, train_queries)
             readings.append(("  (other reading)", other, f"train.queries_per_epoch={other}"))
         for label, queries, note in readings:
             stage = f"train@{warm}-{objective}" if seed is None else f"train-seeds@{warm}-{objective}-{seed}"
             line = Line(stage if label == "train" else label, warm,
-                        rankings=queries * samples * cfg.epochs,
-                        pairs=queries * C * cfg.epochs, note=note)
-            val_queries = validation * (cfg.epochs + 1)
-            line.grad_queries, line.queries = queries * cfg.epochs, val_queries
-            if cfg.tower == "both":
-                line.grad_docs = queries * C * cfg.epochs
+                        rankings=queries * samples * run.epochs,
+                        pairs=queries * C * run.epochs, note=note)
+            val_queries = validation * (run.epochs + 1)
+            line.grad_queries, line.queries = queries * run.epochs, val_queries
+            if run.tower == "both":
+                line.grad_docs = queries * C * run.epochs
                 line.docs = line.grad_docs + val_queries * C  # the no-grad first pass; validation
                 line.disk = checkpoints
             else:
-                line.docs, emb, reuse = artifact(warm, cfg.max_doc_length, train_dataset)
+                line.docs, emb, reuse = artifact(warm, run.max_doc_length, train_dataset)
                 line.disk = None if checkpoints is None or emb is None else checkpoints + emb
                 line.note = line.note or reuse
-            add(lengths(line, train_dataset, cfg.max_doc_length, cfg.max_query_length))
+            add(lengths(line, train_dataset, run.max_doc_length, run.max_query_length))
 
     # ---- evaluation, one stage per system and dataset
     ev = params.evaluate
@@ -228,12 +228,13 @@ def make_plan(params: Params, paths: Paths, profile: str = "paper") -> Plan:
             add(lengths(Line(f"evaluate-sparse@{system}-{dataset}", system, docs=n, queries=queries, pairs=rerank, disk=None,
                              note="corpus matrix: ? bytes"), dataset, ev.max_seq_length, ev.max_seq_length))
         for warm, (objective, seed) in [(w, r) for w in cfg.warm_starts for r in cfg.runs()]:
-            if cfg.tower == "query":
+            run = cfg.for_run(objective, seed)
+            if run.tower == "query":
                 docs, emb, note = artifact(warm, ev.max_seq_length, dataset) if full else (0, 0, "")
             else:
                 docs, emb, note = (n, None if _facts(params, warm)[1] is None else n * _facts(params, warm)[1] * 2, "")
-            kept = [e for e in ev.policy_epochs if e in cfg.keep_epochs and 0 < e < cfg.epochs]
-            subset = 0 if cfg.tower == "query" else len(kept) * min(n, rerank)  # rerank-only: candidates alone
+            kept = run.kept_inside(ev.policy_epochs)
+            subset = 0 if run.tower == "query" else len(kept) * min(n, rerank)  # rerank-only: candidates alone
             stage = (f"evaluate-policy@{warm}-{objective}-{dataset}" if seed is None
                      else f"evaluate-policy-seeds@{warm}-{objective}-{seed}-{dataset}")
             add(lengths(Line(stage, policy_name(warm, run_key(objective, seed)), docs=docs + subset,

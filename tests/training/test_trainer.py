@@ -430,17 +430,21 @@ def test_each_objective_trains_its_own_policy_at_its_own_learning_rate(tmp_path,
 
 def test_a_variant_at_an_extra_seed_trains_its_own_run_with_its_own_settings(tmp_path, tiny_model_dir):
     """train.variants + train.extra_seeds: the run pg_x.s7 trains the loss pg with the variant's keys at seed 7,
-    into its own folders; the same variant at train.seed is another run with other weights."""
+    into its own folders; the same variant at train.seed is another run with other weights; evaluation finds the
+    policy at the variant's own last epoch."""
     import json
+
+    from pgrank.retrieval.dense.retriever import policy_system
 
     name = str(tiny_model_dir)
     overrides = {"train.objectives": ["pg", "pg_x"], "train.extra_seeds": [7], "train.epochs": 1,
                  "train.keep_epochs": [0, 1],
-                 "train.variants": {"pg_x": {"objective": "pg", "overrides": {"pg": {"num_samples": 4}}}}}
+                 "train.variants": {"pg_x": {"objective": "pg", "overrides": {"pg": {"num_samples": 4}, "epochs": 2}}}}
     params, paths = make_project(tmp_path, tiny_model_dir, overrides=overrides)
     main = train(params, paths, name, objective="pg_x", device="cpu", progress=False)
     seeded = train(params, paths, name, objective="pg_x", seed=7, device="cpu", progress=False)
-    assert main.final == paths.checkpoint(name, 1, "pg_x") and seeded.final == paths.checkpoint(name, 1, "pg_x.s7")
+    assert main.final == paths.checkpoint(name, 2, "pg_x") and seeded.final == paths.checkpoint(name, 2, "pg_x.s7")
+    assert policy_system(params, paths, f"pgrank-{name}+pg_x.s7").query_model == str(seeded.final)
     meta = read_checkpoint_meta(seeded.final)
     assert (meta["objective"], meta["run"]) == ("pg", "pg_x.s7")
     assert read_checkpoint_meta(main.final)["fingerprint"] != meta["fingerprint"]  # the seed is part of a run

@@ -44,10 +44,10 @@ def policy_system(params: Params, paths: Paths, name: str) -> DenseSystem:
 
     policy = parse_policy_name(name)
     warm, objective = policy.warm, policy.objective
-    epoch = params.train.epochs if policy.epoch is None else policy.epoch
+    run = params.train.for_run(*split_run_key(objective))  # a variant may train and select otherwise
+    epoch = run.epochs if policy.epoch is None else policy.epoch
     folder = paths.checkpoint(warm, epoch, objective)
-    rule = params.train.for_run(split_run_key(objective)[0]).selection.rule  # a variant may select otherwise
-    if policy.epoch is None and rule != "last":  # the epoch train.selection chose
+    if policy.epoch is None and run.selection.rule != "last":  # the epoch train.selection chose
         folder = paths.selected_checkpoint(warm, objective)
     if not folder.is_dir():
         raise PgrankError(f"{folder}: no checkpoint for system {name!r}; run `pgrank train --warm-start {warm} "
