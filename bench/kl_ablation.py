@@ -84,7 +84,8 @@ def main() -> None:
     from pgrank.evaluation.stage import evaluate, evaluate_dataset
     from pgrank.mining.candidate_sets import evaluation_targets, mine_splits, training_targets, validation_targets
     from pgrank.paths import Paths
-    from pgrank.training.selection import select_epoch, set_key
+    from pgrank.core.history import set_key
+    from pgrank.training.selection import select_epoch
     from pgrank.training.trainer import train
 
     work = args.work.resolve()

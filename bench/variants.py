@@ -87,7 +87,8 @@ def run(args) -> dict:
     from pgrank.evaluation.stage import evaluate_dataset
     from pgrank.mining.candidate_sets import evaluation_targets, mine_splits, training_targets, validation_targets
     from pgrank.paths import Paths
-    from pgrank.training.selection import alpha, select_row, set_key
+    from pgrank.core.history import alpha, set_key
+    from pgrank.training.selection import select_row
     from pgrank.training.trainer import train
 
     base = args.work / "runs" / "base"

@@ -16,6 +16,7 @@ byte-identical, and only the time column can differ.
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 from pathlib import Path
@@ -24,7 +25,7 @@ from pgrank.config import EVAL_STAGES, Params
 from pgrank.core.significance import paired_test
 from pgrank.errors import PgrankError
 from pgrank.paths import DEFAULT_OBJECTIVE, Paths, policy_name, run_key
-from pgrank.reporting.rendering import DASH, Cell, Column, Row, Table, eval_set_name, system_name
+from pgrank.reporting.rendering import DASH, OBJECTIVE_NAMES, Cell, Column, Row, Table, eval_set_name, system_name
 
 METRIC = "ndcg@10"
 STAGE_NAMES = {"rerank": "rerank", "full": "first stage"}
@@ -73,7 +74,7 @@ def row_label(params: Params, warm: str, objective: str) -> str:
     variant = params.train.variants.get(objective)
     if variant is None:
         return system_name(policy_name(warm, objective))
-    loss = system_name(policy_name(warm, variant.objective)).removesuffix(f" with {system_name(warm)}")
+    loss = OBJECTIVE_NAMES.get(variant.objective, variant.objective)
     return f"{loss} ({', '.join(_flat(variant.overrides)) or objective}) with {system_name(warm)}"
 
 
@@ -100,6 +101,7 @@ def comparison_table(params: Params, paths: Paths) -> Table:
                if stage in EVAL_STAGES]
     seeds = [None, *cfg.extra_seeds]
 
+    @functools.cache  # PG-Rank's and the warm start's files are compared with every row: read each once
     def values(system: str, eval_set: str, stage: str) -> dict[str, float] | None:
         dataset, split = eval_set.split("/")
         return read_per_query(paths.results(system, dataset, split, stage) / "per_query.json")

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pgrank.config import SelectionConfig
-from pgrank.core.history import METRIC, alpha, in_domain_key, set_key  # noqa: F401 (selection's vocabulary)
+from pgrank.core.history import alpha, in_domain_key, set_key
 
 
 def eligible(row: dict, warm: dict, sets: Sequence[str], cfg: SelectionConfig) -> bool:

@@ -42,6 +42,7 @@ from tqdm.auto import tqdm
 from pgrank import tracking
 from pgrank.atomic import write_json, write_text
 from pgrank.config import Params
+from pgrank.core.history import alpha, set_key
 from pgrank.core.objectives import OBJECTIVES
 from pgrank.errors import PgrankError
 from pgrank.paths import Paths, run_key
@@ -158,7 +159,7 @@ def validated(run: Run) -> dict[str, float]:
                                                frozen=data.frozen, corpus=data.corpus, world=run.world).items()}
     for vs in data.out_of_domain:
         metrics = validate(model, vs.examples, vs.qrels, run.params, frozen=vs.frozen, corpus=vs.corpus, world=run.world)
-        row.update({selection.set_key(vs.name, k): v for k, v in metrics.items()})
+        row.update({set_key(vs.name, k): v for k, v in metrics.items()})
     return row
 
 
@@ -191,7 +192,7 @@ def keep_epoch(run: Run, epoch: int) -> None:
     chosen = selection.select_row(run.state.history, cfg.validation_sets, cfg.selection)
     if chosen["epoch"] != epoch:
         return
-    folder, weight = run.paths.selected_checkpoint(run.warm_start, run.name), selection.alpha(chosen)
+    folder, weight = run.paths.selected_checkpoint(run.warm_start, run.name), alpha(chosen)
     if weight == 1.0:
         write_checkpoint(run, folder, epoch, selected_by=cfg.selection.rule)
     else:
