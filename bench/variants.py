@@ -82,6 +82,16 @@ def _test(paths, system: str) -> dict:
     return out
 
 
+def _finished(paths, objective: str, system: str) -> tuple[list[dict], None] | None:
+    """A run's history (and no seconds: its time was measured when it trained) when it trained and was tested
+    before (``--reuse``), else None."""
+    history = paths.training_log("minilm", objective) / "history.json"
+    tested = all((paths.results(system, d, "test", s) / "per_query.json").exists() for d, s in TEST)
+    if not (history.exists() and tested):
+        return None
+    return json.loads(history.read_text()), None  # its time was measured by the run that trained it
+
+
 def run(args) -> dict:
     from pgrank.download.stage import download
     from pgrank.evaluation.stage import evaluate_dataset
@@ -112,24 +122,29 @@ def run(args) -> dict:
             link_shared(root, base)
             p = _params(args, root, [*overrides, f"train.seed={seed}"])
             run_paths = Paths.from_config(p.paths)
-            t0 = time.perf_counter()
-            result = train(p, run_paths, "minilm", objective=objective, device="cpu", progress=False)
-            seconds = time.perf_counter() - t0
-            chosen = select_row(result.history, p.train.validation_sets, p.train.selection)
-            warm = result.history[0]
+            system = "pgrank-minilm" if objective == "pg" else f"pgrank-minilm+{objective}"
+            finished = _finished(run_paths, objective, system) if args.reuse else None
+            if finished:
+                history, seconds = finished
+            else:
+                t0 = time.perf_counter()
+                history = train(p, run_paths, "minilm", objective=objective, device="cpu", progress=False).history
+                seconds = time.perf_counter() - t0
+            chosen = select_row(history, p.train.validation_sets, p.train.selection)
+            warm = history[0]
             row = {"variant": name, "objective": objective, "overrides": overrides, "seed": seed,
-                   "seconds": round(seconds, 1), "epoch": chosen["epoch"], "alpha": alpha(chosen),
+                   "seconds": round(seconds, 1) if seconds is not None else None, "epoch": chosen["epoch"], "alpha": alpha(chosen),
                    "val_in": chosen["val_ndcg@10"] - warm["val_ndcg@10"],
                    "val_ood": {s: chosen[set_key(s)] - warm[set_key(s)] for s in p.train.validation_sets},
-                   "history": result.history}
+                   "history": history}
             if args.test:
-                system = "pgrank-minilm" if objective == "pg" else f"pgrank-minilm+{objective}"
-                for dataset in ("scifact", "nfcorpus"):
+                for dataset in ("scifact", "nfcorpus") if not finished else ():
                     evaluate_dataset(p, run_paths, system, dataset)
                 row["test"] = _test(run_paths, system)
             record["runs"].append(row)
             print(f"{name} seed {seed}: epoch {row['epoch']} alpha {row['alpha']:g}, val in {row['val_in']:+.4f}, "
-                  f"ood {json.dumps({k: round(v, 4) for k, v in row['val_ood'].items()})}, {seconds:.0f} s", flush=True)
+                  f"ood {json.dumps({k: round(v, 4) for k, v in row['val_ood'].items()})}"
+                  + (f", {seconds:.0f} s" if seconds is not None else ", reused"), flush=True)
     return record
 
 
@@ -142,9 +157,10 @@ def summarise(record: dict, margin: float) -> dict:
     out = {}
     for name in variants:
         runs = [r for r in record["runs"] if r["variant"] == name]
-        ood = {s: statistics.mean(r["val_ood"][s] for r in runs) for s in record["ood"]}
+        ood = {s: statistics.mean(r["val_ood"][s] for r in runs) for s in record["ood"] if s in runs[0]["val_ood"]}
         entry = {"seeds": len(runs), "val_in": statistics.mean(r["val_in"] for r in runs), "val_ood": ood,
-                 "choices": [(r["epoch"], r["alpha"]) for r in runs], "seconds": statistics.mean(r["seconds"] for r in runs)}
+                 "choices": [(r["epoch"], r["alpha"]) for r in runs],
+                 "seconds": statistics.mean(t) if (t := [r["seconds"] for r in runs if r["seconds"] is not None]) else None}
         if runs[0].get("test"):
             entry["test"] = {}
             for key in runs[0]["test"]:
@@ -155,7 +171,9 @@ def summarise(record: dict, margin: float) -> dict:
                                       "sd": statistics.stdev(values) if len(values) > 1 else None,
                                       "per_query": per_query}
         out[name] = entry
-    eligible = [n for n in variants if all(v >= -margin for v in out[n]["val_ood"].values())]
+    # a variant that did not validate on every out-of-domain set cannot show that it is safe there
+    eligible = [n for n in variants if set(out[n]["val_ood"]) == set(record["ood"])
+                and all(v >= -margin for v in out[n]["val_ood"].values())]
     chosen = max(eligible, key=lambda n: out[n]["val_in"]) if eligible else None
     if record.get("warm") and variants and out[variants[0]].get("test"):
         first = variants[0]
@@ -181,7 +199,8 @@ def render(record: dict) -> str:
                      + " | ".join(f"{record['warm'][f'{d}/{s}']['ndcg@10']:.4f}" for d, s in TEST) + " |")
     for name, v in summary["variants"].items():
         choices = ", ".join(f"({e}, {a:g})" for e, a in v["choices"])
-        cells = [name, str(v["seeds"]), choices, f"{v['val_in']:+.4f}", *[f"{v['val_ood'][s]:+.4f}" for s in ood]]
+        cells = [name, str(v["seeds"]), choices, f"{v['val_in']:+.4f}",
+                 *[f"{v['val_ood'][s]:+.4f}" if s in v["val_ood"] else "not validated" for s in ood]]
         for d, s in TEST if "test" in v else []:
             c = v["test"][f"{d}/{s}"]
             sd = f" ± {c['sd']:.4f}" if c.get("sd") is not None else ""
@@ -208,11 +227,14 @@ def main() -> None:
                         help="an override for every variant (and the shared setup), e.g. train.validation_sets=[nfcorpus/dev]")
     parser.add_argument("--margin", type=float, default=0.005, help="out-of-domain validation loss allowed in the choice")
     parser.add_argument("--test", action="store_true", help="also evaluate every policy on the test sets (reporting only)")
+    parser.add_argument("--reuse", action="store_true",
+                        help="take a run's history, timings and test results from --work when it finished before")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     args.work = args.work.resolve()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from pgrank.atomic import write_json
+    from pgrank.core.history import scalars
 
     record = {"command": "python " + " ".join(["bench/variants.py", *sys.argv[1:]]),
               "title": f"Training variants of the {args.profile} profile, chosen on validation", "machine": machine_record(),
@@ -221,6 +243,7 @@ def main() -> None:
     for r in record["runs"]:  # per-query figures stay out of the record (the summary holds their tests)
         for cell in (r.get("test") or {}).values():
             cell.pop("per_query", None)
+        r["history"] = [scalars(row) for row in r["history"]]
     if record.get("warm"):
         for cell in record["warm"].values():
             cell.pop("per_query", None)

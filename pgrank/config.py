@@ -240,6 +240,15 @@ class SelectionConfig(_Section):
         default_factory=lambda: [1.0],
         description="weight-space mixtures (1 - alpha) * warm start + alpha * epoch validated for every epoch (WiSE-FT); "
                     "the rule picks (epoch, alpha). [1]: the epochs as trained (the paper)")
+    within_se: NonNegFloat = Field(
+        default=0.0, description="the one-standard-error rule toward the warm start: the policy is the candidate "
+                                 "(epoch, alpha) nearest the warm start in weight space whose in-domain validation "
+                                 "nDCG@10 is within this many paired standard errors of the rule's best (1: the "
+                                 "classic rule; 0: the best itself)")
+    standard_error: Literal["best", "paired"] = Field(
+        default="best", description="within_se's error: best: of the best candidate's mean over the in-domain "
+                                    "validation queries (the classic rule); paired: of the per-query differences "
+                                    "between the two (smaller: a policy farther from the warm start)")
 
     @field_validator("interpolation")
     @classmethod
@@ -325,6 +334,9 @@ class TrainConfig(_Section):
         if self.selection.interpolation != [1.0] and self.selection.rule == "last":
             raise ValueError("selection.interpolation (mixtures with the warm start) needs selection.rule in_domain "
                              "or guarded to choose among them")
+        if self.selection.within_se and self.selection.rule == "last":
+            raise ValueError("selection.within_se (the one-standard-error rule) needs selection.rule in_domain or "
+                             "guarded to choose among the epochs")
         return self
 
     @field_validator("objectives", "extra_seeds")

@@ -2,7 +2,10 @@
 
 One mapping per validated epoch, and with ``train.selection.interpolation`` one more per mixture with the warm
 start: ``{"epoch": e, "alpha": a, "val_ndcg@10": ..., "val_<dataset>/<split>_ndcg@10": ...}`` (no ``alpha``: an
-epoch as trained). Selection (:mod:`pgrank.training.selection`) and the tables read them by these keys.
+epoch as trained). When the run holds the warm start's weights (interpolation, L2-SP, the one-standard-error rule)
+a row also has ``"distance"``, the L2 distance of its weights from the warm start's; with
+``train.selection.within_se`` it has ``"per_query_ndcg@10"``, the in-domain validation nDCG@10 of each query.
+Selection (:mod:`pgrank.training.selection`) and the tables read them by these keys.
 """
 
 from __future__ import annotations
@@ -18,6 +21,19 @@ def in_domain_key(metric: str = METRIC) -> str:
 def set_key(name: str, metric: str = METRIC) -> str:
     """History key of an out-of-domain validation set's metric, e.g. ``val_nfcorpus/dev_ndcg@10``."""
     return f"val_{name}_{metric}"
+
+
+DISTANCE = "distance"
+
+
+def per_query_key(metric: str = METRIC) -> str:
+    """History key of the in-domain validation metric per query (``{qid: value}``), ``per_query_ndcg@10``."""
+    return f"per_query_{metric}"
+
+
+def scalars(row: dict) -> dict[str, float]:
+    """A row's figures without its per-query values: what MLflow and the log get."""
+    return {k: v for k, v in row.items() if not k.startswith("per_query_")}
 
 
 def alpha(row: dict) -> float:

@@ -10,8 +10,19 @@ policy can be the epoch that
   ``margin`` nDCG@10 on *every* out-of-domain set against epoch 0 (the warm start, which always
   qualifies: when no trained epoch does, the policy is the warm start, and the log says so).
 
-Ties go to the earlier epoch, then to the larger alpha. With ``interpolation``, each trained epoch also has rows
-of its weight-space mixtures with the warm start (``{"epoch": e, "alpha": a, ...}``,
+Ties go to the earlier epoch, then to the larger alpha. With ``within_se`` (the one-standard-error rule of model
+selection, Breiman et al., *Classification and Regression Trees*, 1984, pointed at the warm start instead of at
+the simplest model), the policy is the point nearest the warm start on the path from it to the best candidate
+(the best epoch's mixtures with the warm start, ``alpha`` from 0, the warm start, to the best's) whose in-domain
+validation nDCG@10 is within ``within_se`` standard errors of the best's. The error is the best's over the
+validation queries (``standard_error: best``, the classic rule; Hastie et al., *The Elements of Statistical
+Learning*, 7.10) or that of the per-query differences between the two (``paired``: both rank the same queries,
+so the error is smaller and the policy farther from the warm start). A move away from the warm start is kept only as far as
+validation shows it is worth it, whatever the set: fewer validation queries mean larger errors and a policy
+nearer the warm start. The path's points are the current epoch's whenever the best changes, so the chosen
+weights always exist when they are chosen (the warm start's are the run's anchor).
+
+With ``interpolation``, each trained epoch also has rows of its weight-space mixtures with the warm start (``{"epoch": e, "alpha": a, ...}``,
 :mod:`pgrank.training.weight_space`): the rule chooses among the rows whose alpha is listed (an epoch as trained
 is alpha 1), so that the policy can be a mixture. With ``patience``, training stops once that many epochs have
 passed without a newly selected one (early stopping by the same rule). These are pure functions of the history
@@ -20,10 +31,12 @@ rows the trainer records (``{"epoch": e, "val_ndcg@10": ..., "val_<set>_ndcg@10"
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections.abc import Sequence
 
 from pgrank.config import SelectionConfig
-from pgrank.core.history import alpha, in_domain_key, set_key
+from pgrank.core.history import DISTANCE, alpha, in_domain_key, per_query_key, set_key
 
 
 def eligible(row: dict, warm: dict, sets: Sequence[str], cfg: SelectionConfig) -> bool:
@@ -44,7 +57,25 @@ def select_row(history: Sequence[dict], sets: Sequence[str], cfg: SelectionConfi
     listed = set(cfg.interpolation)
     candidates = [row for row in history
                   if (row["epoch"] == 0 or alpha(row) in listed) and eligible(row, warm, sets, cfg)]
-    return max(candidates, key=lambda row: (row[in_domain_key()], -row["epoch"], alpha(row)))
+    best = max(candidates, key=lambda row: (row[in_domain_key()], -row["epoch"], alpha(row)))
+    if not cfg.within_se:
+        return best
+    path = [row for row in candidates if row is warm or (row["epoch"] == best["epoch"] and alpha(row) <= alpha(best))]
+    near = [row for row in path if within_errors(row, best, cfg.within_se, paired=cfg.standard_error == "paired")]
+    return min(near, key=lambda row: 0.0 if row is warm else alpha(row))
+
+
+def within_errors(row: dict, best: dict, k: float, *, paired: bool = False) -> bool:
+    """Whether ``row``'s in-domain validation nDCG@10 is within ``k`` standard errors of ``best``'s, over the
+    best's queries: the error of the best's mean, or with ``paired`` of the mean per-query difference (fewer than
+    two queries: always)."""
+    theirs = best[per_query_key()]
+    mine = [row[per_query_key()][q] for q in theirs]
+    diffs = [theirs[q] - m for q, m in zip(theirs, mine)]
+    if len(diffs) < 2:
+        return True
+    spread = statistics.stdev(diffs) if paired else statistics.stdev(theirs.values())
+    return statistics.mean(diffs) <= k * spread / math.sqrt(len(diffs))
 
 
 def select_epoch(history: Sequence[dict], sets: Sequence[str], cfg: SelectionConfig) -> int:
@@ -65,6 +96,8 @@ def summary(history: Sequence[dict], sets: Sequence[str], cfg: SelectionConfig) 
     row = select_row(history, sets, cfg)
     warm = history[0]
     out: dict[str, float | int | str] = {"rule": cfg.rule, "epoch": row["epoch"], "alpha": alpha(row)}
+    if DISTANCE in row:
+        out[DISTANCE] = row[DISTANCE]
     for name, key in [("in_domain", in_domain_key()), *((s, set_key(s)) for s in sets)]:
         out[f"{name}_ndcg@10"] = row[key]
         out[f"{name}_gain"] = row[key] - warm[key]

@@ -42,8 +42,9 @@ from tqdm.auto import tqdm
 from pgrank import tracking
 from pgrank.atomic import write_json, write_text
 from pgrank.config import Params
-from pgrank.core.history import alpha, set_key
+from pgrank.core.history import DISTANCE, METRIC, alpha, per_query_key, scalars, set_key
 from pgrank.core.objectives import OBJECTIVES
+from pgrank.core.trec_eval import mean_metrics
 from pgrank.errors import PgrankError
 from pgrank.paths import Paths, run_key
 from pgrank.training import checkpoints, distributed, selection
@@ -52,7 +53,7 @@ from pgrank.training.batches import epoch_order, make_batch
 from pgrank.training.grad_cache import encode
 from pgrank.training.run import Run, open_data
 from pgrank.training.step import TrainingError, accumulate_gradients
-from pgrank.training.validation_ndcg import validate
+from pgrank.training.validation_ndcg import METRICS, validate, validate_queries
 from pgrank.training.warm_start import load_models
 
 log = logging.getLogger(__name__)
@@ -110,7 +111,7 @@ def setup(params: Params, paths: Paths, warm_start: str, objective: str, device:
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: min(1.0, (step + 1) / cfg.warmup_steps) if cfg.warmup_steps else 1.0)
     # The warm start's weights, for mixtures with it and the L2 pull toward it (taken before a resume loads state).
-    anchored = cfg.l2_to_warm_start > 0 or cfg.selection.interpolation != [1.0]
+    anchored = cfg.l2_to_warm_start > 0 or cfg.selection.interpolation != [1.0] or bool(cfg.selection.within_se)
     return Run(params, paths, warm_start, objective, ref, doc_ref, world, dev, data, fingerprint, models, trainable,
                optimizer, scheduler, anchor=Anchor.of(model) if anchored else None, name=name or objective)
 
@@ -152,11 +153,19 @@ def resume(run: Run) -> None:
 # --------------------------------------------------------------------------------------- validation, selection
 
 
-def validated(run: Run) -> dict[str, float]:
-    """In-domain (``val_<metric>``) and out-of-domain (``val_<set>_<metric>``) validation metrics."""
+def validated(run: Run) -> dict:
+    """In-domain (``val_<metric>``) and out-of-domain (``val_<set>_<metric>``) validation metrics, the weights'
+    distance from the warm start's when the run holds them, and with ``selection.within_se`` the in-domain
+    nDCG@10 of each query (:mod:`pgrank.core.history`)."""
     data, model = run.data, run.models.policy
-    row = {f"val_{k}": v for k, v in validate(model, data.validation, data.validation_qrels, run.params,
-                                               frozen=data.frozen, corpus=data.corpus, world=run.world).items()}
+    queries = validate_queries(model, data.validation, data.validation_qrels, run.params, frozen=data.frozen,
+                               corpus=data.corpus, world=run.world)
+    means = mean_metrics(queries)
+    row: dict = {f"val_{k}": means[k] for k in METRICS}
+    if run.cfg.selection.within_se:
+        row[per_query_key()] = {q: m[METRIC] for q, m in queries.items()}
+    if run.anchor is not None:
+        row[DISTANCE] = run.anchor.distance(model)
     for vs in data.out_of_domain:
         metrics = validate(model, vs.examples, vs.qrels, run.params, frozen=vs.frozen, corpus=vs.corpus, world=run.world)
         row.update({set_key(vs.name, k): v for k, v in metrics.items()})
@@ -190,9 +199,14 @@ def keep_epoch(run: Run, epoch: int) -> None:
     if cfg.selection.rule == "last":
         return
     chosen = selection.select_row(run.state.history, cfg.validation_sets, cfg.selection)
+    folder, weight = run.paths.selected_checkpoint(run.warm_start, run.name), alpha(chosen)
+    if chosen["epoch"] == 0 and epoch > 0 and run.anchor is not None:
+        # The one-standard-error rule can come back to the warm start: its weights are the anchor's.
+        with run.anchor.interpolated(run.models.policy, 0.0):
+            write_checkpoint(run, folder, 0, selected_by=cfg.selection.rule)
+        return
     if chosen["epoch"] != epoch:
         return
-    folder, weight = run.paths.selected_checkpoint(run.warm_start, run.name), alpha(chosen)
     if weight == 1.0:
         write_checkpoint(run, folder, epoch, selected_by=cfg.selection.rule)
     else:
@@ -207,9 +221,10 @@ def validate_mixtures(run: Run, epoch: int, tracker) -> None:
         with run.anchor.interpolated(run.models.policy, weight):
             metrics = validated(run)
         run.state.history.append({"epoch": epoch, "alpha": weight, **metrics})
-        tracking.log_metrics(tracker, {f"alpha{weight:g}_{k}": v for k, v in metrics.items()}, step=run.state.step)
+        figures = scalars(metrics)
+        tracking.log_metrics(tracker, {f"alpha{weight:g}_{k}": v for k, v in figures.items()}, step=run.state.step)
         if run.world.is_main:
-            log.info("epoch %d, alpha %g: %s", epoch, weight, ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
+            log.info("epoch %d, alpha %g: %s", epoch, weight, ", ".join(f"{k}={v:.4f}" for k, v in figures.items()))
 
 
 # --------------------------------------------------------------------------------------- epochs
@@ -267,11 +282,11 @@ def end_epoch(run: Run, epoch: int, means: dict, seconds: float, curve: list[dic
     state, paths = run.state, run.paths
     row = {"epoch": epoch, **means, **validated(run)}
     state.history.append(row)
-    tracking.log_metrics(tracker, {**{k: v for k, v in row.items() if k != "epoch"}, "epoch_seconds": seconds},
-                         step=state.step)
+    figures = {k: v for k, v in scalars(row).items() if k != "epoch"}
+    tracking.log_metrics(tracker, {**figures, "epoch_seconds": seconds}, step=state.step)
     validate_mixtures(run, epoch, tracker)
     if run.world.is_main:
-        log.info("epoch %d: %s", epoch, ", ".join(f"{k}={v:.4f}" for k, v in row.items() if k != "epoch"))
+        log.info("epoch %d: %s", epoch, ", ".join(f"{k}={v:.4f}" for k, v in figures.items()))
         keep_epoch(run, epoch)
         state.epoch = epoch
         state.optimizer, state.scheduler = run.optimizer.state_dict(), run.scheduler.state_dict()
@@ -360,7 +375,7 @@ def train(params: Params, paths: Paths, warm_start: str, *, objective: str = "pg
         if state.epoch == 0 and not state.history:
             metrics = validated(run)
             state.history.append({"epoch": 0, **metrics})
-            tracking.log_metrics(tracker, metrics, step=0)
+            tracking.log_metrics(tracker, scalars(metrics), step=0)
             keep_epoch(run, 0)
         for epoch in range(state.epoch + 1, cfg.epochs + 1):
             if selection.should_stop(state.history, cfg.validation_sets, cfg.selection):

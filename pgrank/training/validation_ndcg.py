@@ -27,14 +27,26 @@ from pgrank.training.batches import (
 from pgrank.training.grad_cache import encode, encode_chunks
 
 
-@torch.no_grad()
+METRICS = ("ndcg@1", "ndcg@3", "ndcg@5", "ndcg@10", "mrr@10")
+
+
 def validate(model, examples: TrainingSet, qrels, params: Params, *, frozen: FrozenDocuments | None,
              corpus=None, world: distributed.World = distributed.World(), batch_size: int = 64) -> dict[str, float]:
-    """Rerank the validation candidate sets with ``model`` (sorted by score) and evaluate them.
+    """The means over queries of :func:`validate_queries`: nDCG@1/3/5/10 and MRR@10."""
+    means = mean_metrics(validate_queries(model, examples, qrels, params, frozen=frozen, corpus=corpus, world=world,
+                                          batch_size=batch_size))
+    return {k: means[k] for k in METRICS}
+
+
+@torch.no_grad()
+def validate_queries(model, examples: TrainingSet, qrels, params: Params, *, frozen: FrozenDocuments | None,
+                     corpus=None, world: distributed.World = distributed.World(),
+                     batch_size: int = 64) -> dict[str, dict[str, float]]:
+    """Rerank the validation candidate sets with ``model`` (sorted by score) and evaluate each query.
 
     ``qrels`` are keyed by corpus row (:func:`qrels_by_row`), as the candidate sets are. Sharded under
     DDP: every rank reranks and evaluates its share of the queries (``rank::size``),
-    and the per-query metrics are gathered, so every rank returns the means over all queries, equal
+    and the per-query metrics are gathered, so every rank returns every query's, equal
     to a single process's (tested with two gloo processes).
     """
     cfg = params.train
@@ -58,8 +70,7 @@ def validate(model, examples: TrainingSet, qrels, params: Params, *, frozen: Fro
             per_query.update(evaluate_run({qid: qrels[qid] for qid in run}, run, ks=(1, 3, 5, 10), mrr_k=10)[1])
     finally:
         model.train(was_training)
-    means = mean_metrics(distributed.gather_dicts(per_query, world))
-    return {k: means[k] for k in ("ndcg@1", "ndcg@3", "ndcg@5", "ndcg@10", "mrr@10")}
+    return distributed.gather_dicts(per_query, world)
 
 
 def qrels_by_row(qrels, corpus) -> dict[str, dict[str, int]]:

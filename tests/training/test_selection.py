@@ -175,3 +175,74 @@ def test_l2_to_the_warm_start_adds_its_gradient_and_keeps_the_policy_closer(tmp_
         last = load_file(str(final / "model.safetensors"))
         distances[coef] = sum(float((last[k] - warm[k]).pow(2).sum()) for k in warm if warm[k].is_floating_point())
     assert 0 < distances[10.0] < distances[0.0]
+
+
+def _row(epoch, alpha, values):
+    row = {"epoch": epoch, "val_ndcg@10": sum(values) / len(values),
+           "per_query_ndcg@10": {f"q{i}": v for i, v in enumerate(values)}}
+    return {**row, "alpha": alpha} if alpha != 1.0 else row
+
+
+BEST = [0.9 + e for e in [0.1, -0.1] * 5]  # mean 0.9, standard error 0.033
+NOISY = [0.1, -0.08] * 5  # mean 0.01; the standard error of these differences is 0.030
+PATH = [_row(0, 1.0, [b - d for b, d in zip(BEST, [0.4, 0.3] * 5)]),    # 0.35 worse, paired error 0.017
+        _row(1, 1.0, [b - d for b, d in zip(BEST, NOISY)]),             # as good as the best's mixture, not on its path
+        _row(2, 1.0, BEST),                                             # the best
+        _row(2, 0.5, [b - d for b, d in zip(BEST, NOISY)]),             # within one paired error of the best
+        _row(2, 0.25, [b - d for b, d in zip(BEST, [0.03, 0.01] * 5)])]  # 0.02 worse, paired error 0.0033
+
+
+def test_the_one_standard_error_rule_takes_the_point_nearest_the_warm_start_that_validation_cannot_tell_from_the_best():
+    from pgrank.training.selection import select_row
+
+    def chosen(k, history=PATH, error="paired"):
+        cfg = SelectionConfig(rule="in_domain", interpolation=[0.25, 0.5, 1], within_se=k, standard_error=error)
+        row = select_row(history, [], cfg)
+        return row["epoch"], row.get("alpha", 1.0)
+
+    assert chosen(0) == (2, 1.0)  # off: the best
+    assert chosen(0.1) == (2, 1.0)  # a tenth of an error: only the best itself
+    assert chosen(1) == (2, 0.5)  # on the best epoch's path to the warm start, not epoch 1
+    assert chosen(18) == (2, 0.25)  # 0.02 <= 18 errors; the warm start's 0.35 > 18 x 0.017
+    assert chosen(25) == (0, 1.0)  # the warm start itself is within 25 errors
+    # the classic rule: the best's own error (0.033 over these ten queries) is larger than the paired ones
+    assert chosen(1, error="best") == (2, 0.25)
+    assert SelectionConfig().standard_error == "best"
+    one_query = [{**row, "per_query_ndcg@10": {"q0": row["per_query_ndcg@10"]["q0"]}} for row in PATH]
+    assert chosen(1, one_query) == (0, 1.0) == chosen(1, one_query, "best")  # one query proves nothing: the warm start
+
+
+def test_the_one_standard_error_rule_needs_a_rule_that_chooses(tmp_path, tiny_model_dir):
+    with pytest.raises(ConfigError, match="within_se"):
+        make_project(tmp_path, tiny_model_dir, overrides={"train.selection": {"within_se": 1}})
+
+
+def test_a_policy_the_one_standard_error_rule_brings_back_to_the_warm_start_has_its_weights(tmp_path, tiny_model_dir):
+    """Validation on a handful of toy queries cannot tell any trained epoch from the warm start at 10^6 errors:
+    after epochs of training the policy is the warm start's weights, and every row records its distance from
+    them and its per-query values."""
+    import torch
+    from safetensors.torch import load_file
+
+    from pgrank.models.checkpoint_meta import read_checkpoint_meta
+    from pgrank.training.trainer import train
+
+    name = str(tiny_model_dir)
+    params, paths = make_project(tmp_path, tiny_model_dir, overrides={
+        "train.epochs": 2, "train.tower": "both", "train.learning_rate": 3e-3, "train.keep_epochs": [0, 2],
+        "train.selection": {"rule": "in_domain", "interpolation": [0.5, 1], "within_se": 1e6}})
+    result = train(params, paths, name, device="cpu", progress=False)
+    assert [(r["epoch"], r.get("alpha", 1.0)) for r in result.history] == [(0, 1.0), (1, 1.0), (1, 0.5), (2, 1.0), (2, 0.5)]
+    assert result.history[0]["distance"] == 0.0
+    trained = {(r["epoch"], r.get("alpha", 1.0)): r["distance"] for r in result.history[1:]}
+    assert all(d > 0 for d in trained.values()) and trained[(2, 0.5)] == pytest.approx(0.5 * trained[(2, 1.0)], rel=1e-4)
+    for row in result.history:
+        per_query = row["per_query_ndcg@10"]
+        assert per_query and sum(per_query.values()) / len(per_query) == pytest.approx(row["val_ndcg@10"])
+    meta = read_checkpoint_meta(result.final)
+    assert result.final == paths.selected_checkpoint(name) and meta["epoch"] == 0
+    warm = load_file(str(paths.checkpoint(name, 0) / "model.safetensors"))
+    policy = load_file(str(result.final / "model.safetensors"))
+    last = load_file(str(paths.checkpoint(name, 2) / "model.safetensors"))
+    moved = [k for k in warm if warm[k].is_floating_point() and not torch.equal(last[k], warm[k])]
+    assert moved and all(torch.equal(policy[k], warm[k]) for k in warm)
