@@ -225,7 +225,9 @@ def train_cmd(
     device: Annotated[Optional[str], typer.Option("--device", help="cpu, cuda, cuda:1 (default: CUDA when present).")] = None,
 ) -> None:
     """Train Neural PG-Rank policies (or the other objectives') from their warm starts (data-parallel under torchrun)."""
+    from pgrank.core.history import alpha
     from pgrank.paths import run_key
+    from pgrank.training.selection import select_row
     from pgrank.training.trainer import train
 
     params = ctx.obj.params()
@@ -239,10 +241,14 @@ def train_cmd(
     for name in [warm_start] if warm_start else cfg.warm_starts:
         for loss, run_seed in runs:
             result = train(params, paths, name, objective=loss, seed=run_seed, device=device)
-            first, last = result.history[0], result.history[-1]
+            run_cfg = cfg.for_run(loss, run_seed)
+            first = result.history[0]
+            policy = select_row(result.history, run_cfg.validation_sets, run_cfg.selection)  # the last epoch, or chosen
+            mixture = f", alpha {alpha(policy):g}" if alpha(policy) != 1.0 else ""
             typer.echo(
                 f"{name} ({run_key(loss, run_seed)}): validation nDCG@10 {first.get('val_ndcg@10', float('nan')):.4f} "
-                f"(epoch 0) -> {last.get('val_ndcg@10', float('nan')):.4f} (epoch {last['epoch']}); model -> {result.final}"
+                f"(epoch 0) -> {policy.get('val_ndcg@10', float('nan')):.4f} (epoch {policy['epoch']}{mixture}); "
+                f"model -> {result.final}"
             )
 
 

@@ -219,30 +219,36 @@ def test_the_one_standard_error_rule_needs_a_rule_that_chooses(tmp_path, tiny_mo
 
 def test_a_policy_the_one_standard_error_rule_brings_back_to_the_warm_start_has_its_weights(tmp_path, tiny_model_dir):
     """Validation on a handful of toy queries cannot tell any trained epoch from the warm start at 10^6 errors:
-    after epochs of training the policy is the warm start's weights, and every row records its distance from
-    them and its per-query values."""
+    after epochs of training (``pgrank train``) the policy is the warm start's weights, the command says so, and
+    every row records its distance from them and its per-query values."""
     import torch
+    import yaml
     from safetensors.torch import load_file
+    from typer.testing import CliRunner
 
+    from cli import app
     from pgrank.models.checkpoint_meta import read_checkpoint_meta
-    from pgrank.training.trainer import train
 
     name = str(tiny_model_dir)
     params, paths = make_project(tmp_path, tiny_model_dir, overrides={
         "train.epochs": 2, "train.tower": "both", "train.learning_rate": 3e-3, "train.keep_epochs": [0, 2],
         "train.selection": {"rule": "in_domain", "interpolation": [0.5, 1], "within_se": 1e6}})
-    result = train(params, paths, name, device="cpu", progress=False)
-    assert [(r["epoch"], r.get("alpha", 1.0)) for r in result.history] == [(0, 1.0), (1, 1.0), (1, 0.5), (2, 1.0), (2, 0.5)]
-    assert result.history[0]["distance"] == 0.0
-    trained = {(r["epoch"], r.get("alpha", 1.0)): r["distance"] for r in result.history[1:]}
+    params_file = tmp_path / "params.yaml"
+    params_file.write_text(yaml.safe_dump(params.model_dump(mode="json")))
+    out = CliRunner().invoke(app, ["--params", str(params_file), "train", "--device", "cpu"])
+    assert out.exit_code == 0, out.output
+    history = json.loads((paths.training_log(name) / "history.json").read_text())
+    assert f"-> {history[0]['val_ndcg@10']:.4f} (epoch 0); model -> {paths.selected_checkpoint(name)}" in out.output
+    assert [(r["epoch"], r.get("alpha", 1.0)) for r in history] == [(0, 1.0), (1, 1.0), (1, 0.5), (2, 1.0), (2, 0.5)]
+    assert history[0]["distance"] == 0.0
+    trained = {(r["epoch"], r.get("alpha", 1.0)): r["distance"] for r in history[1:]}
     assert all(d > 0 for d in trained.values()) and trained[(2, 0.5)] == pytest.approx(0.5 * trained[(2, 1.0)], rel=1e-4)
-    for row in result.history:
+    for row in history:
         per_query = row["per_query_ndcg@10"]
         assert per_query and sum(per_query.values()) / len(per_query) == pytest.approx(row["val_ndcg@10"])
-    meta = read_checkpoint_meta(result.final)
-    assert result.final == paths.selected_checkpoint(name) and meta["epoch"] == 0
+    assert read_checkpoint_meta(paths.selected_checkpoint(name))["epoch"] == 0
     warm = load_file(str(paths.checkpoint(name, 0) / "model.safetensors"))
-    policy = load_file(str(result.final / "model.safetensors"))
+    policy = load_file(str(paths.selected_checkpoint(name) / "model.safetensors"))
     last = load_file(str(paths.checkpoint(name, 2) / "model.safetensors"))
     moved = [k for k in warm if warm[k].is_floating_point() and not torch.equal(last[k], warm[k])]
     assert moved and all(torch.equal(policy[k], warm[k]) for k in warm)
