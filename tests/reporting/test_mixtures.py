@@ -29,7 +29,9 @@ def test_each_alpha_and_validation_set_is_a_row_over_the_ablation_epochs():
     assert [c.ours for c in rows[1].cells] == ["0.300", "0.290", "0.280"]
     # an epoch not validated yet shows a dash; without mixtures there are no rows
     assert [c.ours for c in mixture_rows(params, {"minilm": _history()[:3]}, [("minilm", 2)])[0].cells] == ["—"]
-    assert mixture_rows(load_params(ROOT / "params.yaml", profile="demo"), {"minilm": _history()}, [("minilm", 1)]) == []
+    plain = load_params(ROOT / "params.yaml", profile="demo",
+                        overrides=["train.selection.interpolation=[1]", "train.selection.within_se=0"])
+    assert mixture_rows(plain, {"minilm": _history()}, [("minilm", 1)]) == []
 
 
 def test_the_epoch_ablation_table_carries_the_mixture_rows_in_markdown():
