@@ -241,10 +241,10 @@ class SelectionConfig(_Section):
         description="weight-space mixtures (1 - alpha) * warm start + alpha * epoch validated for every epoch (WiSE-FT); "
                     "the rule picks (epoch, alpha). [1]: the epochs as trained (the paper)")
     within_se: NonNegFloat = Field(
-        default=0.0, description="the one-standard-error rule toward the warm start: the policy is the candidate "
-                                 "(epoch, alpha) nearest the warm start in weight space whose in-domain validation "
-                                 "nDCG@10 is within this many paired standard errors of the rule's best (1: the "
-                                 "classic rule; 0: the best itself)")
+        default=0.0, description="the one-standard-error rule toward the warm start: on the path from the warm start "
+                                 "to the rule's choice (its epoch's mixtures), the point nearest the warm start whose "
+                                 "in-domain validation nDCG@10 is within this many standard errors (standard_error) of "
+                                 "the choice's (1: the classic rule; 0: off, the choice itself)")
     standard_error: Literal["best", "paired"] = Field(
         default="best", description="within_se's error: best: of the best candidate's mean over the in-domain "
                                     "validation queries (the classic rule); paired: of the per-query differences "

@@ -10,23 +10,25 @@ policy can be the epoch that
   ``margin`` nDCG@10 on *every* out-of-domain set against epoch 0 (the warm start, which always
   qualifies: when no trained epoch does, the policy is the warm start, and the log says so).
 
-Ties go to the earlier epoch, then to the larger alpha. With ``within_se`` (the one-standard-error rule of model
-selection, Breiman et al., *Classification and Regression Trees*, 1984, pointed at the warm start instead of at
-the simplest model), the policy is the point nearest the warm start on the path from it to the best candidate
-(the best epoch's mixtures with the warm start, ``alpha`` from 0, the warm start, to the best's) whose in-domain
-validation nDCG@10 is within ``within_se`` standard errors of the best's. The error is the best's over the
-validation queries (``standard_error: best``, the classic rule; Hastie et al., *The Elements of Statistical
-Learning*, 7.10) or that of the per-query differences between the two (``paired``: both rank the same queries,
-so the error is smaller and the policy farther from the warm start). A move away from the warm start is kept only as far as
-validation shows it is worth it, whatever the set: fewer validation queries mean larger errors and a policy
-nearer the warm start. The path's points are the current epoch's whenever the best changes, so the chosen
-weights always exist when they are chosen (the warm start's are the run's anchor).
-
-With ``interpolation``, each trained epoch also has rows of its weight-space mixtures with the warm start (``{"epoch": e, "alpha": a, ...}``,
+Ties go to the earlier epoch, then to the larger alpha. With ``interpolation``, each trained epoch also has rows
+of its weight-space mixtures with the warm start (``{"epoch": e, "alpha": a, ...}``,
 :mod:`pgrank.training.weight_space`): the rule chooses among the rows whose alpha is listed (an epoch as trained
-is alpha 1), so that the policy can be a mixture. With ``patience``, training stops once that many epochs have
-passed without a newly selected one (early stopping by the same rule). These are pure functions of the history
-rows the trainer records (``{"epoch": e, "val_ndcg@10": ..., "val_<set>_ndcg@10": ...}``).
+is alpha 1), so that the policy can be a mixture.
+
+With ``within_se`` (the one-standard-error rule of model selection, Breiman et al., *Classification and
+Regression Trees*, 1984, pointed at the warm start instead of at the simplest model), the policy is then the point
+nearest the warm start on the path from it to the rule's choice (that epoch's mixtures, ``alpha`` from 0, the warm
+start, to the choice's) whose in-domain validation nDCG@10 is within ``within_se`` standard errors of the
+choice's. The error is the choice's over the validation queries (``standard_error: best``, the classic rule;
+Hastie et al., *The Elements of Statistical Learning*, 7.10) or that of the per-query differences between the two
+(``paired``: both rank the same queries, so the error is smaller and the policy farther from the warm start). A
+move away from the warm start is kept only as far as validation shows it is worth it, whatever the set: fewer
+validation queries mean larger errors and a policy nearer the warm start. The path's points are the current
+epoch's whenever the choice changes, so the chosen weights always exist when they are chosen (the warm start's
+are the run's anchor).
+
+With ``patience``, training stops once that many epochs have passed without a newly selected one (early stopping
+by the same rule). These are pure functions of the history rows the trainer records (``{"epoch": e, "val_ndcg@10": ..., "val_<set>_ndcg@10": ...}``).
 """
 
 from __future__ import annotations
