@@ -158,6 +158,26 @@ def test_kl_ablation_renders_every_run_and_the_setting_chosen_on_validation(gene
     assert text.endswith("top1 0.1, guarded epoch 3")  # "none" gains more in domain but loses 0.006 > 0.005 out of it
 
 
+def test_variants_never_chooses_a_variant_that_did_not_validate_out_of_domain(generate, head):
+    variants = script("variants")
+
+    def run(name: str, seed: int, gain: float, ood: dict, seconds: float | None) -> dict:
+        return {"variant": name, "objective": "pg", "overrides": [], "seed": seed, "seconds": seconds, "epoch": 4,
+                "alpha": 1.0, "val_in": gain, "val_ood": ood, "history": []}
+
+    runs = [run("demo", 42, 0.10, {"nfcorpus/dev": 0.002}, 90.0), run("demo", 43, 0.11, {"nfcorpus/dev": 0.001}, 94.0),
+            run("in-domain", 42, 0.12, {}, None), run("in-domain", 43, 0.13, {}, None)]  # read back with --reuse
+    record = {**head, "command": "python bench/variants.py --work /tmp/v --reuse", "profile": "demo",
+              "ood": ["nfcorpus/dev"], "setup_seconds": 10, "warm": None, "runs": runs}
+    record["summary"] = variants.summarise(record, 0.005)
+    assert record["summary"]["chosen"] == "demo"  # in-domain gains more, but never showed that it is safe
+    assert record["summary"]["variants"]["demo"]["seconds"] == 92.0
+    assert record["summary"]["variants"]["in-domain"]["seconds"] is None
+    text = generate._render(as_written(record))
+    assert "| in-domain | 2 | (4, 1), (4, 1) | +0.1250 | not validated |" in text
+    assert "Validation only chooses: **demo**" in text
+
+
 def test_scale_renders_its_fits_in_the_pipelines_order(generate, head):
     scale = script("scale")
     stages = ["download", "train@static", "evaluate-bm25@bm25-msmarco"]  # the order of the run, not of the alphabet
