@@ -227,7 +227,6 @@ def train_cmd(
     """Train Neural PG-Rank policies (or the other objectives') from their warm starts (data-parallel under torchrun)."""
     from pgrank.core.history import alpha
     from pgrank.paths import run_key
-    from pgrank.training.selection import select_row
     from pgrank.training.trainer import train
 
     params = ctx.obj.params()
@@ -241,9 +240,7 @@ def train_cmd(
     for name in [warm_start] if warm_start else cfg.warm_starts:
         for loss, run_seed in runs:
             result = train(params, paths, name, objective=loss, seed=run_seed, device=device)
-            run_cfg = cfg.for_run(loss, run_seed)
-            first = result.history[0]
-            policy = select_row(result.history, run_cfg.validation_sets, run_cfg.selection)  # the last epoch, or chosen
+            first, policy = result.history[0], result.policy
             mixture = f", alpha {alpha(policy):g}" if alpha(policy) != 1.0 else ""
             typer.echo(
                 f"{name} ({run_key(loss, run_seed)}): validation nDCG@10 {first.get('val_ndcg@10', float('nan')):.4f} "

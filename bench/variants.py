@@ -82,21 +82,18 @@ def _test(paths, system: str) -> dict:
     return out
 
 
-def _finished(paths, objective: str, system: str) -> tuple[list[dict], None] | None:
-    """A run's history (and no seconds: its time was measured when it trained) when it trained and was tested
-    before (``--reuse``), else None."""
+def _finished(paths, objective: str, system: str) -> list[dict] | None:
+    """A run's history when it trained and was tested before (``--reuse``), else None."""
     history = paths.training_log("minilm", objective) / "history.json"
     tested = all((paths.results(system, d, "test", s) / "per_query.json").exists() for d, s in TEST)
-    if not (history.exists() and tested):
-        return None
-    return json.loads(history.read_text()), None  # its time was measured by the run that trained it
+    return json.loads(history.read_text()) if history.exists() and tested else None
 
 
 def run(args) -> dict:
     from pgrank.download.stage import download
     from pgrank.evaluation.stage import evaluate_dataset
     from pgrank.mining.candidate_sets import evaluation_targets, mine_splits, training_targets, validation_targets
-    from pgrank.paths import Paths
+    from pgrank.paths import Paths, policy_name
     from pgrank.core.history import alpha, set_key
     from pgrank.training.selection import select_row
     from pgrank.training.trainer import train
@@ -122,10 +119,10 @@ def run(args) -> dict:
             link_shared(root, base)
             p = _params(args, root, [*overrides, f"train.seed={seed}"])
             run_paths = Paths.from_config(p.paths)
-            system = "pgrank-minilm" if objective == "pg" else f"pgrank-minilm+{objective}"
+            system = policy_name("minilm", objective)
             finished = _finished(run_paths, objective, system) if args.reuse else None
             if finished:
-                history, seconds = finished
+                history, seconds = finished, None  # its time was measured by the invocation that trained it
             else:
                 t0 = time.perf_counter()
                 history = train(p, run_paths, "minilm", objective=objective, device="cpu", progress=False).history

@@ -39,3 +39,8 @@ def scalars(row: dict) -> dict[str, float]:
 def alpha(row: dict) -> float:
     """A history row's interpolation weight: 1 for an epoch as trained."""
     return float(row.get("alpha", 1.0))
+
+
+def place(row: dict) -> tuple[int, float]:
+    """Where a history row's weights are: its epoch and alpha."""
+    return row["epoch"], alpha(row)

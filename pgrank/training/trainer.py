@@ -42,9 +42,8 @@ from tqdm.auto import tqdm
 from pgrank import tracking
 from pgrank.atomic import write_json, write_text
 from pgrank.config import Params
-from pgrank.core.history import DISTANCE, METRIC, alpha, per_query_key, scalars, set_key
+from pgrank.core.history import DISTANCE, METRIC, alpha, per_query_key, place, scalars, set_key
 from pgrank.core.objectives import OBJECTIVES
-from pgrank.core.trec_eval import mean_metrics
 from pgrank.errors import PgrankError
 from pgrank.paths import Paths, run_key
 from pgrank.training import checkpoints, distributed, selection
@@ -53,7 +52,7 @@ from pgrank.training.batches import epoch_order, make_batch
 from pgrank.training.grad_cache import encode
 from pgrank.training.run import Run, open_data
 from pgrank.training.step import TrainingError, accumulate_gradients
-from pgrank.training.validation_ndcg import METRICS, validate, validate_queries
+from pgrank.training.validation_ndcg import averages, validate, validate_queries
 from pgrank.training.warm_start import load_models
 
 log = logging.getLogger(__name__)
@@ -65,6 +64,7 @@ class TrainResult:
     final: Path
     history: list[dict]
     registered_version: str | None
+    policy: dict  # the history row of the policy: the last epoch as trained, or train.selection's choice
 
 
 # --------------------------------------------------------------------------------------- setup, resume
@@ -160,8 +160,7 @@ def validated(run: Run) -> dict:
     data, model = run.data, run.models.policy
     queries = validate_queries(model, data.validation, data.validation_qrels, run.params, frozen=data.frozen,
                                corpus=data.corpus, world=run.world)
-    means = mean_metrics(queries)
-    row: dict = {f"val_{k}": means[k] for k in METRICS}
+    row: dict = {f"val_{k}": v for k, v in averages(queries).items()}
     if run.cfg.selection.within_se:
         row[per_query_key()] = {q: m[METRIC] for q, m in queries.items()}
     if run.anchor is not None:
@@ -190,7 +189,8 @@ def write_checkpoint(run: Run, folder: Path, epoch: int, **extra) -> None:
 
 def keep_epoch(run: Run, epoch: int) -> None:
     """Save a validated epoch: as ``epoch-E/`` when ``train.keep_epochs`` keeps it (and the last), and as
-    ``selected/`` when a selection rule other than ``last`` picks it, or one of its mixtures with the warm start."""
+    ``selected/`` when a selection rule other than ``last`` changes its choice to it, to one of its mixtures with
+    the warm start, or back to the warm start."""
     cfg = run.cfg
     if not run.world.is_main:
         return
@@ -198,20 +198,23 @@ def keep_epoch(run: Run, epoch: int) -> None:
         write_checkpoint(run, run.paths.checkpoint(run.warm_start, epoch, run.name), epoch)
     if cfg.selection.rule == "last":
         return
-    chosen = selection.select_row(run.state.history, cfg.validation_sets, cfg.selection)
-    folder, weight = run.paths.selected_checkpoint(run.warm_start, run.name), alpha(chosen)
-    if chosen["epoch"] == 0 and epoch > 0 and run.anchor is not None:
-        # The one-standard-error rule can come back to the warm start: its weights are the anchor's.
-        with run.anchor.interpolated(run.models.policy, 0.0):
-            write_checkpoint(run, folder, 0, selected_by=cfg.selection.rule)
-        return
-    if chosen["epoch"] != epoch:
-        return
+    history, sets = run.state.history, cfg.validation_sets
+    chosen = selection.select_row(history, sets, cfg.selection)
+    earlier = [row for row in history if row["epoch"] < epoch]
+    if earlier and place(selection.select_row(earlier, sets, cfg.selection)) == place(chosen):
+        return  # selected/ holds it already
+    if chosen["epoch"] not in (epoch, 0):
+        return  # the rules change their choice only to a row of this epoch, or back to the warm start
+    # The warm start, which the one-standard-error rule can come back to after training, is the anchor's weights.
+    weight = alpha(chosen) if chosen["epoch"] == epoch else 0.0
+    folder = run.paths.selected_checkpoint(run.warm_start, run.name)
+    meta = {"selected_by": cfg.selection.rule, **({} if alpha(chosen) == 1.0 else {"alpha": alpha(chosen)})}
     if weight == 1.0:
-        write_checkpoint(run, folder, epoch, selected_by=cfg.selection.rule)
+        write_checkpoint(run, folder, chosen["epoch"], **meta)
     else:
         with run.anchor.interpolated(run.models.policy, weight):
-            write_checkpoint(run, folder, epoch, selected_by=cfg.selection.rule, alpha=weight)
+            write_checkpoint(run, folder, chosen["epoch"], **meta)
+
 
 
 def validate_mixtures(run: Run, epoch: int, tracker) -> None:
@@ -331,7 +334,8 @@ def finish(run: Run, tracker) -> TrainResult:
             version = tracking.log_model(tracker, SentenceTransformer(str(final), device="cpu"),
                                          registered_name=run.params.tracking.registered_model)
         checkpoints.remove(paths.train_state(run.warm_start, run.name))
-    return TrainResult(paths.model_dir(run.warm_start, run.name), final, state.history, version)
+    return TrainResult(paths.model_dir(run.warm_start, run.name), final, state.history, version,
+                       selection.select_row(state.history, cfg.validation_sets, cfg.selection))
 
 
 # --------------------------------------------------------------------------------------- the stage

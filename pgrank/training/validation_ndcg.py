@@ -32,10 +32,15 @@ METRICS = ("ndcg@1", "ndcg@3", "ndcg@5", "ndcg@10", "mrr@10")
 
 def validate(model, examples: TrainingSet, qrels, params: Params, *, frozen: FrozenDocuments | None,
              corpus=None, world: distributed.World = distributed.World(), batch_size: int = 64) -> dict[str, float]:
-    """The means over queries of :func:`validate_queries`: nDCG@1/3/5/10 and MRR@10."""
-    means = mean_metrics(validate_queries(model, examples, qrels, params, frozen=frozen, corpus=corpus, world=world,
-                                          batch_size=batch_size))
-    return {k: means[k] for k in METRICS}
+    """The means over queries of :func:`validate_queries` (:func:`averages`)."""
+    return averages(validate_queries(model, examples, qrels, params, frozen=frozen, corpus=corpus, world=world,
+                                     batch_size=batch_size))
+
+
+def averages(per_query: dict[str, dict[str, float]]) -> dict[str, float]:
+    """nDCG@1/3/5/10 and MRR@10 averaged over the queries of :func:`validate_queries`."""
+    averaged = mean_metrics(per_query)
+    return {k: averaged[k] for k in METRICS}
 
 
 @torch.no_grad()

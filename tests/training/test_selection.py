@@ -252,3 +252,29 @@ def test_a_policy_the_one_standard_error_rule_brings_back_to_the_warm_start_has_
     last = load_file(str(paths.checkpoint(name, 2) / "model.safetensors"))
     moved = [k for k in warm if warm[k].is_floating_point() and not torch.equal(last[k], warm[k])]
     assert moved and all(torch.equal(policy[k], warm[k]) for k in warm)
+
+
+def test_a_choice_that_moves_back_to_the_warm_start_after_training_saves_the_warm_starts_weights(
+        tmp_path, tiny_model_dir, monkeypatch):
+    """A rule that chose epoch 1 and comes back to the warm start at epoch 2 replaces the saved policy by the warm
+    start's weights (the anchor's), even though those weights are no longer the model's."""
+    import torch
+    from safetensors.torch import load_file
+
+    from pgrank.models.checkpoint_meta import read_checkpoint_meta
+    from pgrank.training import selection
+    from pgrank.training.trainer import train
+
+    name = str(tiny_model_dir)
+    params, paths = make_project(tmp_path, tiny_model_dir, overrides={
+        "train.epochs": 2, "train.tower": "both", "train.learning_rate": 3e-3, "train.keep_epochs": [0, 1, 2],
+        "train.selection": {"rule": "in_domain", "interpolation": [0.5, 1]}})
+    monkeypatch.setattr(selection, "select_row",
+                        lambda history, sets, cfg: history[-1] if history[-1]["epoch"] < 2 else history[0])
+    result = train(params, paths, name, device="cpu", progress=False)
+    assert read_checkpoint_meta(result.final)["epoch"] == 0 and result.policy == result.history[0]
+    warm = load_file(str(paths.checkpoint(name, 0) / "model.safetensors"))
+    trained = load_file(str(paths.checkpoint(name, 1) / "model.safetensors"))
+    policy = load_file(str(result.final / "model.safetensors"))
+    assert any(not torch.equal(trained[k], warm[k]) for k in warm)  # epoch 1, chosen before, had moved
+    assert all(torch.equal(policy[k], warm[k]) for k in warm)
