@@ -13,7 +13,9 @@ training). Every run validates each epoch (and each mixture with the warm start,
 scifact's carved validation split (in domain) and on the profile's out-of-domain validation sets (``nfcorpus/dev``
 for the demo), and its selection rule picks the policy. **Choosing** uses those validation figures only: the record's
 ``chosen`` variant is the one with the best mean in-domain validation gain among those whose mean out-of-domain
-validation loss stays within ``--margin``. ``--test`` also evaluates each run's policy on scifact/test and
+validation loss stays within ``--margin``. ``--forgetting`` adds label-free checks of another kind to those
+out-of-domain ones: half-document retrieval (``bench/forgetting.py``) on the corpora of the training set and of the
+out-of-domain validation sets, each policy's change against the warm start. ``--test`` also evaluates each run's policy on scifact/test and
 nfcorpus/test (reranking and first stage), for reporting: mean and standard deviation over seeds, and a paired
 t-test of per-query means over seeds against the first variant and against the warm start.
 
@@ -37,6 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
+from forgetting import HalfDocuments  # noqa: E402
 from kl_ablation import link_shared  # noqa: E402
 from machine import machine_record  # noqa: E402
 
@@ -89,6 +92,23 @@ def _finished(paths, objective: str, system: str) -> list[dict] | None:
     return json.loads(history.read_text()) if history.exists() and tested else None
 
 
+def _query_route(folder: Path, params):
+    from pgrank.models.loading import load_encoder
+    from pgrank.training.checkpoints import query_route
+
+    return query_route(load_encoder(str(folder), params.models, device="cpu", max_seq_length=256))
+
+
+def _half_documents(params, paths) -> list:
+    """``--forgetting``: the half-document task (``bench/forgetting.py``) of the training set's corpus and of every
+    out-of-domain validation set's, with the warm start's figures."""
+    from pgrank.models.loading import load_encoder
+
+    warm = load_encoder("minilm", params.models, device="cpu", max_seq_length=256)
+    names = dict.fromkeys(n.split("/")[0] for n in [params.data.train, *params.train.validation_sets])
+    return [HalfDocuments(paths.dataset(n) / "corpus.jsonl", warm) for n in names]
+
+
 def run(args) -> dict:
     from pgrank.download.stage import download
     from pgrank.evaluation.stage import evaluate_dataset
@@ -109,7 +129,9 @@ def run(args) -> dict:
     if args.test:
         for dataset in ("scifact", "nfcorpus"):
             evaluate_dataset(params, paths, "minilm", dataset)
-    record = {"setup_seconds": round(time.perf_counter() - started), "ood": list(params.train.validation_sets),
+    halves = _half_documents(params, paths) if args.forgetting else []
+    record = {"setup_seconds": round(time.perf_counter() - started),
+              "ood": list(params.train.validation_sets) + [f"halves:{t.name}" for t in halves],
               "warm": _test(paths, "minilm") if args.test else None, "runs": []}
     print(f"shared setup: {record['setup_seconds']} s", flush=True)
     for spec in args.variant:
@@ -134,6 +156,9 @@ def run(args) -> dict:
                    "val_in": chosen["val_ndcg@10"] - warm["val_ndcg@10"],
                    "val_ood": {s: chosen[set_key(s)] - warm[set_key(s)] for s in p.train.validation_sets},
                    "history": history}
+            if halves:
+                policy = _query_route(run_paths.selected_checkpoint("minilm", objective), p)
+                row["val_ood"].update({f"halves:{t.name}": t.change(policy)[0] for t in halves})
             if args.test:
                 for dataset in ("scifact", "nfcorpus") if not finished else ():
                     evaluate_dataset(p, run_paths, system, dataset)
@@ -204,8 +229,9 @@ def render(record: dict) -> str:
             ps = ", ".join(f"{label} {c[k]:.2g}" for label, k in (("p₁", "p_first"), ("p₀", "p_warm")) if c.get(k) is not None)
             cells.append(f"{c['mean']:.4f}{sd} ({ps})" if ps else f"{c['mean']:.4f}{sd}")
         lines.append("| " + " | ".join(cells) + " |")
+    chosen = f"**{summary['chosen']}**" if summary["chosen"] else "no variant"
     text = ["\n".join(lines), "",
-            f"Validation only chooses: **{summary['chosen']}** (the best mean in-domain validation gain among the variants "
+            f"Validation only chooses: {chosen} (the best mean in-domain validation gain among the variants "
             f"whose mean out-of-domain validation change is at least −{summary['margin']})."]
     if has_test:
         text.append("Test cells: nDCG@10, mean ± standard deviation over seeds (p₁: paired t-test of per-query means over "
@@ -226,6 +252,10 @@ def main() -> None:
     parser.add_argument("--test", action="store_true", help="also evaluate every policy on the test sets (reporting only)")
     parser.add_argument("--reuse", action="store_true",
                         help="take a run's history, timings and test results from --work when it finished before")
+    parser.add_argument("--forgetting", action="store_true",
+                        help="also check every policy on half-document retrieval (bench/forgetting.py) over the "
+                             "corpora of the training and out-of-domain validation sets; the choice counts them as "
+                             "out-of-domain checks")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     args.work = args.work.resolve()

@@ -226,6 +226,16 @@ class PolicyGradientConfig(_Section):
         return v
 
 
+class DocumentAnchorConfig(_Section):
+    """The query tower kept close to the warm start's document tower on documents (:mod:`pgrank.core.drift`)."""
+
+    coef: NonNegFloat = Field(
+        default=0.0, description="weight of the mean 1 - cos(query tower(d), warm start's document tower(d)) over "
+                                 "documents d drawn from each batch's candidates (0: the paper)")
+    documents: PositiveInt = Field(default=8, description="candidate documents drawn per (local) batch, read by "
+                                                          "the query tower up to train.max_doc_length tokens")
+
+
 class SelectionConfig(_Section):
     """Which epoch is the policy (``pgrank-<warm start>``), and when training stops early."""
 
@@ -323,6 +333,7 @@ class TrainConfig(_Section):
         default=120, description="torch.distributed process-group timeout: a validation pass plus saving a checkpoint")
     l2_to_warm_start: NonNegFloat = Field(
         default=0.0, description="coefficient of ||theta - theta_warm||^2 added to the loss (L2-SP; 0: the paper)")
+    document_anchor: DocumentAnchorConfig = DocumentAnchorConfig()
     pg: PolicyGradientConfig = PolicyGradientConfig()
 
     @model_validator(mode="after")

@@ -59,7 +59,21 @@ def _runs(tiny: Path, mirror: Path, work: Path) -> dict[str, list[str]]:
         "backends": ["--work", str(work / "backends"), "--model", str(tiny), "--backends", "torch", "--docs", "8",
                      "--batch-size", "4", "--repeats", "1", "--eval-sets", "scifact/test", "--skip-quality"],
         "gate_power": ["--trials", "2000"],
+        "forgetting": ["--corpus", str(_first_documents(mirror / "scifact.zip", work / "corpus.jsonl", 40)),
+                       "--policy", f"tiny={tiny}", "--warm-start", str(tiny), "--alphas", "1", "0.5", "--queries", "8",
+                       "--documents", "20", "--max-length", "32"],
     }
+
+
+def _first_documents(archive: Path, out: Path, n: int) -> Path:
+    """The first ``n`` lines of a BEIR zip's corpus.jsonl, as a corpus file of their own."""
+    import zipfile
+
+    with zipfile.ZipFile(archive) as z:
+        name = next(m for m in z.namelist() if m.endswith("corpus.jsonl"))
+        lines = z.read(name).decode("utf-8").splitlines()[:n]
+    out.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +97,7 @@ def recorded(generate, tmp_path_factory, tiny_model_dir, beir_mirror) -> tuple[P
     return out, printed
 
 
-QUICK = ["estimator", "search", "evaluation", "tables", "training", "mining", "backends", "gate_power"]
+QUICK = ["estimator", "search", "evaluation", "tables", "training", "mining", "backends", "gate_power", "forgetting"]
 
 
 @pytest.mark.parametrize("name", QUICK)
@@ -176,6 +190,42 @@ def test_variants_never_chooses_a_variant_that_did_not_validate_out_of_domain(ge
     text = generate._render(as_written(record))
     assert "| in-domain | 2 | (4, 1), (4, 1) | +0.1250 | not validated |" in text
     assert "Validation only chooses: **demo**" in text
+
+
+def test_variants_with_forgetting_checks_never_chooses_a_variant_that_forgets_half_documents(generate, head):
+    variants = script("variants")
+
+    def run(name: str, gain: float, halves: float) -> dict:
+        return {"variant": name, "objective": "pg", "overrides": [], "seed": 42, "seconds": 90.0, "epoch": 4,
+                "alpha": 1.0, "val_in": gain, "val_ood": {"nfcorpus/dev": 0.002, "halves:nfcorpus": halves},
+                "history": []}
+
+    runs = [run("demo", 0.11, -0.026), run("anchor", 0.10, -0.003)]
+    record = {**head, "command": "python bench/variants.py --work /tmp/v --forgetting", "profile": "demo",
+              "ood": ["nfcorpus/dev", "halves:nfcorpus"], "setup_seconds": 10, "warm": None, "runs": runs}
+    record["summary"] = variants.summarise(record, 0.005)
+    assert record["summary"]["chosen"] == "anchor"  # demo gains more in domain, but forgets half-documents
+    text = generate._render(as_written(record))
+    assert "| demo | 1 | (4, 1) | +0.1100 | +0.0020 | -0.0260 |" in text
+
+
+def test_a_half_document_task_scores_each_query_by_its_own_second_half(tmp_path):
+    forgetting = script("forgetting")
+    import numpy as np
+
+    docs = np.eye(12)[:, :12]
+    queries = docs.copy()
+    queries[3] = docs[5]  # query 3 now points at document 5: its own is ranked below
+    got = forgetting.ndcg_own(queries, docs)
+    assert got[0] == 1.0  # first: ties with the others (all at 0) do not count against it
+    assert got[3] == pytest.approx(1 / np.log2(3))  # second: document 5 scores above its own
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("\n".join(json.dumps({"_id": str(i), "title": "", "text": " ".join(f"w{i}x{j}" for j in range(n))})
+                                for i, n in enumerate([10, 3, 12])) + "\n")
+    first, second = forgetting.halves(corpus, min_words=10, documents=5, seed=0)
+    assert sorted(first) == ["w0x0 w0x1 w0x2 w0x3 w0x4", "w2x0 w2x1 w2x2 w2x3 w2x4 w2x5"]  # the short one is left out
+    assert sorted(second) == ["w0x5 w0x6 w0x7 w0x8 w0x9", "w2x6 w2x7 w2x8 w2x9 w2x10 w2x11"]
+    assert [a.split("x")[0] for a in first] == [b.split("x")[0] for b in second]  # query i's document is i
 
 
 def test_scale_renders_its_fits_in_the_pipelines_order(generate, head):

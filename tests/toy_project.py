@@ -61,7 +61,7 @@ def make_project(tmp: Path, model_dir: Path, *, overrides: dict | None = None, c
         node = doc
         *head, last = key.split(".")
         for part in head:
-            node = node[part]
+            node = node.setdefault(part, {})
         node[last] = value
     params = parse_params(doc, "test-params")
     paths = Paths.from_config(params.paths)
@@ -98,3 +98,19 @@ def plain_backprop(model, examples, batch, corpus, params: Params, device="cpu")
                     num_samples=pg.num_samples, utility=pg.utility, estimator=pg.estimator, baseline=pg.baseline,
                     temperature=pg.temperature, entropy_coef=pg.entropy_coef, entropy=pg.entropy,
                     generator=query_generators(cfg.seed, 1, [e.qid for e in examples], device)).loss.backward()
+
+
+def training_batch(tmp: Path, model_dir: Path, tower: str, **overrides):
+    """A toy project with ``train.tower`` and ``overrides``, and what one training step reads: ``(params, paths,
+    the warm start's ModelRef, the corpus store, the frozen documents (tower: query, else None), a batch of six
+    train-pg queries)``."""
+    from pgrank.data.candidate_store import open_candidates
+    from pgrank.models.names import resolve_model
+    from pgrank.training.batches import TrainingSet, frozen_documents, make_batch
+
+    params, paths = make_project(tmp, model_dir, overrides={"train.tower": tower, **overrides})
+    corpus = open_corpus(paths, "toy")
+    ref = resolve_model(str(model_dir), params.models)
+    frozen = frozen_documents(params, paths, ref, corpus) if tower == "query" else None
+    batch = make_batch(TrainingSet(open_candidates(paths, "toy", "train-pg")).examples(range(6)))
+    return params, paths, ref, corpus, frozen, batch

@@ -1,4 +1,5 @@
-"""The reference policy of the KL regulariser (``train.pg.kl_coef``, beyond the paper).
+"""The reference policy of the KL regulariser (``train.pg.kl_coef``, beyond the paper), and the target of the
+document anchor (``train.document_anchor`` in ``tower: both``).
 
 The reference is the warm start, frozen: its Plackett-Luce policy ``PL(s_ref / T)`` over the same
 candidate set as the trained policy's. :func:`pgrank.core.estimators.policy_gradient` takes its scores
@@ -48,3 +49,11 @@ class ReferencePolicy:
             docs = encode_chunks(self.model, corpus.texts(batch.unique_rows), chunk_size=cfg.grad_chunk_size,
                                  task="document", max_length=cfg.max_doc_length, amp=cfg.amp)
         return candidate_scores(q.float(), docs.float(), batch.index, cfg.similarity)
+
+    @torch.no_grad()
+    def documents(self, texts: list[str]) -> Tensor:
+        """The warm start's document embeddings of ``texts`` (float32, no gradient): the target of
+        ``train.document_anchor`` in ``tower: both``."""
+        cfg = self.cfg
+        return encode_chunks(self.model, texts, chunk_size=cfg.grad_chunk_size, task="document",
+                             max_length=cfg.max_doc_length, amp=cfg.amp).float()

@@ -3,32 +3,18 @@
 from __future__ import annotations
 
 import pytest
-from toy_project import make_project
+from toy_project import make_project, training_batch
 
 from pgrank.core.policy import top1_kl
 from pgrank.models.loading import load_encoder
-from pgrank.training.batches import TrainingSet, frozen_documents, make_batch
 from pgrank.training.reference import ReferencePolicy
 from pgrank.training.trainer import accumulate_gradients, train
 from pgrank.training.warm_start import policy_model
 
 
-def _setup(tmp_path, tiny_model_dir, tower, **overrides):
-    from pgrank.data.candidate_store import open_candidates
-    from pgrank.data.corpus_store import open_corpus
-    from pgrank.models.names import resolve_model
-
-    params, paths = make_project(tmp_path, tiny_model_dir, overrides={"train.tower": tower, **overrides})
-    corpus = open_corpus(paths, "toy")
-    ref = resolve_model(str(tiny_model_dir), params.models)
-    frozen = frozen_documents(params, paths, ref, corpus) if tower == "query" else None
-    batch = make_batch(TrainingSet(open_candidates(paths, "toy", "train-pg")).examples(range(6)))
-    return params, paths, ref, corpus, frozen, batch
-
-
 @pytest.mark.parametrize("tower", ["query", "both"])
 def test_at_the_warm_start_the_reference_scores_are_the_policys_and_the_kl_is_zero(tmp_path, tiny_model_dir, tower):
-    params, _, ref, corpus, frozen, batch = _setup(tmp_path, tiny_model_dir, tower, **{"train.pg.kl_coef": 1.0})
+    params, _, ref, corpus, frozen, batch = training_batch(tmp_path, tiny_model_dir, tower, **{"train.pg.kl_coef": 1.0})
     reference = ReferencePolicy(policy_model(ref, ref, params, "cpu"), params.train)
     ref_scores = reference.scores(batch, frozen=frozen, corpus=corpus)
     assert not ref_scores.requires_grad and not any(p.requires_grad for p in reference.model.parameters())
@@ -46,7 +32,7 @@ def test_a_strong_kl_keeps_the_policy_near_the_warm_start(tmp_path, tiny_model_d
     drift falls only from 0.70 to 0.50, and no further from kl_coef 50 to 1000)."""
     drift = {}
     for coef in (0.0, 50.0):
-        params, paths, ref, corpus, frozen, batch = _setup(
+        params, paths, ref, corpus, frozen, batch = training_batch(
             tmp_path / str(coef), tiny_model_dir, "query",
             **{"train.pg.kl_coef": coef, "train.learning_rate": 5e-4, "train.epochs": 4, "train.pg.temperature": 1.0})
         result = train(params, paths, str(tiny_model_dir), device="cpu", progress=False)
