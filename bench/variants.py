@@ -101,11 +101,13 @@ def _query_route(folder: Path, params):
 
 def _half_documents(params, paths) -> list:
     """``--forgetting``: the half-document task (``bench/forgetting.py``) of the training set's corpus and of every
-    out-of-domain validation set's, with the warm start's figures."""
+    out-of-domain validation set's (not those that are half documents already), with the warm start's figures."""
     from pgrank.models.loading import load_encoder
 
     warm = load_encoder("minilm", params.models, device="cpu", max_seq_length=256)
-    names = dict.fromkeys(n.split("/")[0] for n in [params.data.train, *params.train.validation_sets])
+    sources = params.data.sources
+    names = dict.fromkeys(n.split("/")[0] for n in [params.data.train, *params.train.validation_sets]
+                          if not (n.split("/")[0] in sources and sources[n.split("/")[0]].halves is not None))
     return [HalfDocuments(paths.dataset(n) / "corpus.jsonl", warm) for n in names]
 
 

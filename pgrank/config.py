@@ -106,23 +106,38 @@ class TrackingConfig(_Section):
 _DATASET_NAME = r"^[\w][\w.-]*$"
 
 
+class HalvesConfig(_Section):
+    """Half-document retrieval built from another dataset's corpus (:mod:`pgrank.download.halves`): a label-free
+    out-of-domain validation set (``<source>/dev``)."""
+
+    of: str = Field(pattern=_DATASET_NAME, description="the dataset (a BEIR name or another source) whose corpus is cut")
+    queries: PositiveInt = Field(default=500, description="first halves that are queries (at most `documents`)")
+    documents: int = Field(default=2000, ge=2, description="second halves that are the collection")
+    min_words: PositiveInt = Field(default=80, description="documents shorter than this (words of text) are not cut")
+    seed: int = Field(default=0, description="seed of the documents drawn")
+
+
 class SourceConfig(_Section):
     """A BEIR-format dataset of your own (:mod:`pgrank.download.sources`): a folder read in place, a local
-    zip, or an http(s) URL of a zip; validated and fingerprinted like a BEIR download."""
+    zip, or an http(s) URL of a zip; validated and fingerprinted like a BEIR download. Or half-document
+    retrieval built from another dataset's corpus (``halves``, :mod:`pgrank.download.halves`)."""
 
     path: str | None = Field(default=None, description="folder (or .zip) relative to the params file")
     url: str | None = Field(default=None, description="http(s) URL of a zip of the folder")
+    halves: HalvesConfig | None = Field(
+        default=None, description="half-document retrieval over another dataset's corpus (no judgments needed)")
     sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$", description="pin of the zip (url or .zip path)")
     missing_documents: Literal["error", "warn"] = Field(
         default="error", description="a judgment whose document is not in corpus.jsonl: an error, or a warning as in BEIR")
 
     @model_validator(mode="after")
     def _one_location(self) -> "SourceConfig":
-        if (self.path is None) == (self.url is None):
-            raise ValueError("give exactly one of 'path' (a folder or .zip) or 'url' (an http(s) URL of a zip)")
+        if sum(x is not None for x in (self.path, self.url, self.halves)) != 1:
+            raise ValueError("give exactly one of 'path' (a folder or .zip), 'url' (an http(s) URL of a zip) or "
+                             "'halves' (half documents of another dataset)")
         if self.url is not None and not self.url.startswith(("http://", "https://")):
             raise ValueError(f"url {self.url!r}: expected an http(s) URL of a zip (a local folder goes under 'path')")
-        if self.sha256 is not None and self.path is not None and not self.path.endswith(".zip"):
+        if self.sha256 is not None and (self.halves is not None or (self.path is not None and not self.path.endswith(".zip"))):
             raise ValueError("sha256 pins a zip (url or a .zip path); a folder is fingerprinted file by file")
         return self
 
@@ -169,6 +184,15 @@ class DataConfig(_Section):
                 raise ValueError(f"{dataset}: expected a list of splits, e.g. [test]")
             ids += [f"{dataset}/{split}" for split in splits]
         return ids
+
+    @model_validator(mode="after")
+    def _halves_of_a_dataset(self) -> "DataConfig":
+        for name, source in self.sources.items():
+            of = source.halves.of if source.halves is not None else None
+            if of is not None and (of == name or (of in self.sources and self.sources[of].halves is not None)):
+                raise ValueError(f"sources.{name}.halves.of: {of!r} is itself half documents; name a dataset "
+                                 f"with a corpus of its own")
+        return self
 
     def eval_sets_by_dataset(self) -> dict[str, list[str]]:
         """The evaluation sets as ``{dataset: [splits]}``, in order (the form DVC fans out over)."""

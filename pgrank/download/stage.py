@@ -2,7 +2,8 @@
 
 For each dataset it names (:func:`default_datasets`): a BEIR dataset is fetched, verified, extracted and
 validated (:mod:`pgrank.download.beir_datasets`); a dataset of your own under ``data.sources`` is read in
-place or fetched from its own zip, validated the same way (:mod:`pgrank.download.sources`). Then each
+place or fetched from its own zip, validated the same way (:mod:`pgrank.download.sources`), or built as half
+documents of another dataset's corpus, after that dataset (:mod:`pgrank.download.halves`). Then each
 dataset's content manifest is written (:mod:`pgrank.download.manifests`: what DVC tracks of the shared
 datasets), and, when ``data.train``'s dataset is among them, the seeded carve-out (train-pg, validation, gate-pg)
 (:mod:`pgrank.download.carve_out`).
@@ -22,6 +23,7 @@ from pgrank import tracking
 from pgrank.config import Params
 from pgrank.download.beir_datasets import Fetched, fetch_dataset, read_sha256sums
 from pgrank.download.carve_out import CarveOut, write_carve_out
+from pgrank.download.halves import install_halves
 from pgrank.download.manifests import write_manifest, write_validation_sets_manifest
 from pgrank.download.mirror import resolve_source
 from pgrank.download.sources import install_source
@@ -40,6 +42,29 @@ def default_datasets(params: Params) -> list[str]:
     names = [params.data.train.split("/")[0]] + [s.split("/")[0] for s in params.train.validation_sets] \
         + [s.split("/")[0] for s in params.data.eval_sets]
     return list(dict.fromkeys(names))
+
+
+def with_parents(names: list[str], sources: dict) -> list[str]:
+    """``names`` with the dataset that each half-document source cuts placed before it (added when missing)."""
+    out: list[str] = []
+    for name in names:
+        halves = sources[name].halves if name in sources else None
+        out += [halves.of, name] if halves is not None else [name]
+    return list(dict.fromkeys(out))
+
+
+def _install(name: str, params: Params, paths: Paths, source, sums, config_dir, progress: bool) -> Fetched:
+    """One dataset made readable: a source of your own, half documents of another dataset, or a BEIR download."""
+    own = params.data.sources
+    if name not in own:
+        return fetch_dataset(name, paths.dataset(name), source, sums, progress=progress)
+    if own[name].halves is not None:
+        of = own[name].halves.of
+        status = install_halves(name, own[name].halves, paths.dataset(of), paths.dataset(name), paths.fingerprint_cache(of))
+    else:
+        status = install_source(name, own[name], paths.dataset(name), paths.fingerprint_cache(name),
+                                config_dir or Path.cwd(), progress=progress)
+    return Fetched(name, paths.dataset(name), status)
 
 
 def download(
@@ -64,15 +89,12 @@ def download(
     if params.data.train.split("/")[0] in names:  # its carve-out records the out-of-domain validation sets too
         names = list(dict.fromkeys(names + [s.split("/")[0] for s in params.train.validation_sets]))
     own = params.data.sources  # datasets of your own (pgrank.download.sources): read in place, or fetched from their URL
+    names = with_parents(names, own)  # half documents (pgrank.download.halves) come after the corpus they cut
     with tracking.stage_run(params, paths, "download", tags={"stage": "download"}, log_params={"datasets": names},
                             enabled=params.tracking.enabled, resources=True):
         source = resolve_source(mirror, params.data.mirror, config_dir=config_dir) if set(names) - set(own) else None
         sums = read_sha256sums(source) if source is not None else None
-        fetched = [Fetched(name, paths.dataset(name), install_source(name, own[name], paths.dataset(name),
-                                                                     paths.fingerprint_cache(name), config_dir or Path.cwd(),
-                                                                     progress=progress))
-                   if name in own else fetch_dataset(name, paths.dataset(name), source, sums, progress=progress)
-                   for name in names]
+        fetched = [_install(name, params, paths, source, sums, config_dir, progress) for name in names]
         for name in names:
             write_manifest(paths, name)
         carve = None

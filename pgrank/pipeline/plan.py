@@ -99,6 +99,9 @@ def dataset_sizes(params: Params, paths: Paths, dataset: str) -> dict[str, int]:
         return sizes
     if dataset in BEIR_SIZES:
         return dict(BEIR_SIZES[dataset])
+    source = params.data.sources.get(dataset)
+    if source is not None and source.halves is not None:  # half documents: at most as many as it is set to cut
+        return {"documents": source.halves.documents, "dev": min(source.halves.queries, source.halves.documents)}
     raise PgrankError(f"{dataset}: not downloaded and not a BEIR dataset of known size; run `pgrank download {dataset}`")
 
 
