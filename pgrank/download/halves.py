@@ -70,15 +70,15 @@ def write_halves(folder: Path, kept: list[tuple[str, str, str]], queries: int) -
     (folder / "qrels").mkdir(parents=True, exist_ok=True)
     with (folder / "corpus.jsonl").open("w", encoding="utf-8") as f:
         for doc_id, _, second in kept:
-            f.write(json.dumps({"_id": f"{doc_id}#2", "title": "", "text": second}, ensure_ascii=False) + "\n")
+            f.write(json.dumps({"_id": f"d:{doc_id}", "title": "", "text": second}, ensure_ascii=False) + "\n")
     chosen = kept[:queries]
     with (folder / "queries.jsonl").open("w", encoding="utf-8") as f:
         for doc_id, first, _ in chosen:
-            f.write(json.dumps({"_id": f"{doc_id}#1", "text": first}, ensure_ascii=False) + "\n")
+            f.write(json.dumps({"_id": f"q:{doc_id}", "text": first}, ensure_ascii=False) + "\n")
     with (folder / "qrels" / f"{SPLIT}.tsv").open("w", encoding="utf-8") as f:
         f.write("query-id\tcorpus-id\tscore\n")
         for doc_id, _, _ in chosen:
-            f.write(f"{doc_id}#1\t{doc_id}#2\t1\n")
+            f.write(f"q:{doc_id}\td:{doc_id}\t1\n")
 
 
 def install_halves(name: str, cfg: HalvesConfig, parent: Path, target: Path, cache_file: Path) -> str:

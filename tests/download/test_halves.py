@@ -51,13 +51,13 @@ def test_each_query_is_a_first_half_and_its_one_relevant_document_its_own_second
     split = load_split(paths, "acme-halves", "dev", progress=False)
     corpus, queries, qrels = split.corpus, split.queries, split.qrels
     assert len(corpus) == 4 and len(queries) == 2  # d1 and d4 are too short (3 and 9 words)
-    assert {d.split("#")[0] for d in corpus} == {"d0", "d2", "d3", "d5"}
+    assert {d[2:] for d in corpus} == {"d0", "d2", "d3", "d5"}
     for qid, text in queries.items():
-        doc = qid.split("#")[0]
-        assert qrels[qid] == {f"{doc}#2": 1}
-        words = text.split() + corpus[f"{doc}#2"]["text"].split()
+        doc = qid[2:]
+        assert qrels[qid] == {f"d:{doc}": 1}
+        words = text.split() + corpus[f"d:{doc}"]["text"].split()
         assert words == [f"w{doc[1:]}x{j}" for j in range(len(words))]  # the two halves make the text again
-        assert corpus[f"{doc}#2"]["title"] == ""  # the title would give the query away
+        assert corpus[f"d:{doc}"]["title"] == ""  # the title would give the query away
     assert json.loads(paths.dataset_manifest("acme-halves").read_text())["dataset"] == "acme-halves"
 
     again = download(params, paths, config_dir=tmp_path, progress=False)
