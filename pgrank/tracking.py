@@ -148,13 +148,13 @@ def stage_run(
         parent = (active.info.run_id if active else os.environ.get(PARENT_ENV)) if nested else None
         with mlflow.start_run(run_name=name, nested=bool(parent), parent_run_id=parent or None,
                               tags={**dict(tags or {}), PROCESS_TAG: this_process()}) as run:
-            if log_params:
-                items = flatten(dict(log_params))
-                keys = list(items)
-                for i in range(0, len(keys), 100):  # MLflow caps a batch at 100 params
-                    mlflow.log_params({k: items[k] for k in keys[i : i + 100]})
             stopped = False
-            try:
+            try:  # from the run's first moment: a stop while its params are logged ends it KILLED too
+                if log_params:
+                    items = flatten(dict(log_params))
+                    keys = list(items)
+                    for i in range(0, len(keys), 100):  # MLflow caps a batch at 100 params
+                        mlflow.log_params({k: items[k] for k in keys[i : i + 100]})
                 yield run
             except (KeyboardInterrupt, Stopped):
                 stopped = True

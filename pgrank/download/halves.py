@@ -32,6 +32,7 @@ from pgrank.data.beir import read_jsonl
 from pgrank.data.checksums import DOWNLOAD_RECORD
 from pgrank.download.dataset_checks import validate_folder
 from pgrank.download.manifests import fingerprint
+from pgrank.download.sources import corpus_entry, installed_record
 from pgrank.errors import DataError
 
 SPLIT = "dev"  # the one judged split: a validation set, never trained on
@@ -94,19 +95,14 @@ def install_halves(name: str, cfg: HalvesConfig, parent: Path, target: Path, cac
     if not corpus.is_file():
         raise DataError(f"{label}.halves.of: {cfg.of!r} has no corpus.jsonl at {parent}")
     origin = {"halves": cfg.model_dump(mode="json"), "corpus_sha256": fingerprint(parent, cache_file)["corpus.jsonl"]}
-    try:
-        record = json.loads((target / DOWNLOAD_RECORD).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        record = None
-    if target.exists() and record is not None and record.get("origin") == origin:
+    record = installed_record(name, target)
+    if record is not None and record["origin"] == origin:
         return "present"
-    if target.exists() and (record is None or "halves" not in record.get("origin", {})):
-        raise DataError(f"{label}: {target} already holds a dataset that is not these half documents; give the "
-                        f"source another name, or delete {target}")
     kept = sample_halves(corpus, cfg, label)
     with atomic_path(target, directory=True) as tmp:
         write_halves(tmp, kept, cfg.queries)
-        validate_folder(tmp, label, missing_documents="error")
-        (tmp / DOWNLOAD_RECORD).write_text(json.dumps({"origin": origin}, indent=2, sort_keys=True) + "\n",
-                                           encoding="utf-8")
+        summary = validate_folder(tmp, label, missing_documents="error")
+        record = {"dataset": name, "origin": origin, "folders": {".": vars(summary)},
+                  "corpus": corpus_entry(tmp, summary.corpus_sha256)}
+        (tmp / DOWNLOAD_RECORD).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return "validated"

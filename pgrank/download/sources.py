@@ -67,8 +67,9 @@ def _read_record(target: Path) -> dict | None:
         return None
 
 
-def _check_target(name: str, target: Path) -> dict | None:
-    """The record of a previous install of this source, ``None`` if none; a BEIR download of the same name is an error."""
+def installed_record(name: str, target: Path) -> dict | None:
+    """The record of a previous install of the source ``name`` at ``target``, ``None`` if none; a BEIR download of
+    the same name is an error (sources of every kind, half documents included, record an ``origin``)."""
     if not target.exists() and not target.is_symlink():
         return None
     record = _read_record(target)
@@ -83,7 +84,7 @@ def _summary(folder: Path, label: str, missing_documents: str) -> dict:
     return vars(summary)
 
 
-def _corpus_entry(folder: Path, corpus_sha256: str) -> dict:
+def corpus_entry(folder: Path, corpus_sha256: str) -> dict:
     """What :func:`pgrank.data.checksums.corpus_sha256` trusts while the corpus' size and mtime are unchanged."""
     st = (folder / "corpus.jsonl").stat()
     return {"sha256": corpus_sha256, "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
@@ -116,7 +117,7 @@ def link_folder(name: str, cfg: SourceConfig, target: Path, cache_file: Path, co
     Returns ``"validated"`` (new or changed content, validated now) or ``"present"`` (unchanged).
     """
     folder = _source_folder(name, cfg, config_dir)
-    record = _check_target(name, target)
+    record = installed_record(name, target)
     if record is None or not _links_point_at(target, folder):
         if record is not None:
             log.info("data.sources.%s: now %s (was %s)", name, folder, record["origin"].get("path"))
@@ -130,7 +131,7 @@ def link_folder(name: str, cfg: SourceConfig, target: Path, cache_file: Path, co
         return "present"
     summary = _summary(target, str(folder), cfg.missing_documents)
     record = dict(record, validated=files, folders={".": summary},
-                  corpus=_corpus_entry(target, summary["corpus_sha256"]))
+                  corpus=corpus_entry(target, summary["corpus_sha256"]))
     write_json(target / DOWNLOAD_RECORD, record)
     return "validated"
 
@@ -148,7 +149,7 @@ def _install_zip(name: str, cfg: SourceConfig, zip_path: Path, target: Path, ori
                             "(corpus.jsonl, queries.jsonl, qrels/ at the top, or in one top folder)")
         summary = _summary(tmp, f"{label}: {name}", cfg.missing_documents)
         record = {"dataset": name, "origin": origin, "folders": {".": summary},
-                  "corpus": _corpus_entry(tmp, summary["corpus_sha256"])}
+                  "corpus": corpus_entry(tmp, summary["corpus_sha256"])}
         (tmp / DOWNLOAD_RECORD).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
@@ -163,7 +164,7 @@ def local_zip(name: str, cfg: SourceConfig, target: Path, config_dir: Path) -> s
     zip_path = (config_dir / Path(cfg.path).expanduser()).resolve()
     if not zip_path.is_file():
         raise DataError(f"data.sources.{name}.path {cfg.path!r}: no such file {zip_path}")
-    record = _check_target(name, target)
+    record = installed_record(name, target)
     st = zip_path.stat()
     origin = (record or {}).get("origin", {})
     if origin.get("path") == str(zip_path) and (origin.get("bytes"), origin.get("mtime_ns")) == (st.st_size, st.st_mtime_ns):
@@ -189,7 +190,7 @@ def _head(url: str) -> dict[str, str]:
 
 def url_zip(name: str, cfg: SourceConfig, target: Path, *, progress: bool = True) -> str:
     """A ``url`` source: fetched and installed when its validators (or pinned sha256) say it changed."""
-    record = _check_target(name, target)
+    record = installed_record(name, target)
     origin = (record or {}).get("origin", {})
     same_url = origin.get("url") == cfg.url
     if same_url and cfg.sha256 is not None and origin.get("sha256") == cfg.sha256:

@@ -88,6 +88,18 @@ def test_a_corpus_without_two_long_documents_is_an_error_naming_the_source_and_t
     assert not paths.dataset("acme-halves").exists()  # nothing half-written
 
 
+def test_a_folder_of_the_same_name_that_pgrank_did_not_build_is_refused_and_left_alone(tmp_path):
+    write_corpus(tmp_path / "acme-beir", [10, 12, 20])
+    params = params_for(tmp_path, {"of": "acme", "queries": 2, "documents": 3, "min_words": 10})
+    paths = Paths.from_config(params.paths, base=tmp_path)
+    foreign = write_corpus(paths.dataset("acme-halves"), [4])  # e.g. a BEIR download of that name: no record
+    before = (foreign / "corpus.jsonl").read_bytes()
+    with pytest.raises(DataError, match=r"data.sources.acme-halves: .*acme-halves already holds a dataset that is "
+                                        r"not this source"):
+        download(params, paths, config_dir=tmp_path, progress=False)
+    assert (foreign / "corpus.jsonl").read_bytes() == before
+
+
 def test_half_documents_come_after_the_corpus_they_cut():
     sources = {"h": type("S", (), {"halves": HalvesConfig(of="scifact")})(),
                "acme": type("S", (), {"halves": None})()}

@@ -59,3 +59,27 @@ def test_a_run_whose_process_was_killed_is_ended_and_a_live_one_is_not(tmp_path,
     finally:
         live.kill()
         live.wait()
+
+
+def test_a_stop_while_a_stage_logs_its_params_ends_its_run_killed(tmp_path, monkeypatch):
+    import mlflow
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    doc = yaml.safe_load((ROOT / "params.yaml").read_text())
+    doc["paths"] = {"root": "runs", "data": "data", "embeddings": "emb"}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(doc))
+    params = load_params(tmp_path / "params.yaml")
+    paths = Paths.from_config(params.paths, base=tmp_path)
+
+    def interrupted(*args, **kwargs):  # Ctrl-C arriving while the run's first batch of params is written
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(mlflow, "log_params", interrupted)
+    try:
+        with tracking.stage_run(params, paths, "stopped", log_params={"a": 1}, tags={"stage": "train"}):
+            raise AssertionError("the stage body must not run")
+    except KeyboardInterrupt:
+        pass
+    client = mlflow.MlflowClient(tracking.tracking_uri(params, paths))
+    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()], "tags.stage = 'train'")
+    assert run.info.status == "KILLED"
