@@ -276,3 +276,23 @@ def test_embedding_precision_backends_mining_and_training_render_their_long_part
     for name, body in records.items():
         record = {**head, "command": f"python bench/{name}.py", **body}
         assert expected[name] in generate._render(as_written(record)), name
+
+
+def test_demo_time_reads_the_stage_walls_a_demo_logs_and_renders_each_revision_against_the_first(generate, head):
+    demo_time = script("demo_time")
+    output = ("pgrank: download: wall 3.5 s, peak RSS 300 MiB (children 0 MiB)\n"
+              "INFO:pgrank.tracking:mine/scifact/test: wall 9.4 s\n"  # the logger's copy of the line is not counted
+              "pgrank: mine/scifact/test: wall 9.4 s, peak RSS 900 MiB (children 225 MiB)\n"
+              "epoch 4/4: 100%|| 23/23 [00:19<00:00]\n"
+              "pgrank: train-minilm: wall 101.5 s, peak RSS 2400 MiB (children 1002 MiB)\n")
+    walls = demo_time.stage_walls(output)
+    assert walls == {"download": 3.5, "mine/scifact/test": 9.4, "train-minilm": 101.5}
+    assert demo_time.training_seconds(walls) == 101.5
+    runs = [{"rev": rev, "commit": commit * 40, "repeat": 1, "seconds": seconds, "walls": {}, "training": training}
+            for rev, commit, seconds, training in [("old", "a", 450.0, 100.0), ("HEAD", "b", 540.0, 185.0)]]
+    record = {**head, "command": "python bench/demo_time.py --work /tmp/t --mirror m --rev old --rev HEAD",
+              "runs": runs, "revisions": [{"rev": "old", "runs": 1, "mean_seconds": 450.0},
+                                          {"rev": "HEAD", "runs": 1, "mean_seconds": 540.0}]}
+    text = generate._render(as_written(record))
+    assert "| HEAD | bbbbbbbbbb | 1 | 540 | 185 | 355 |" in text
+    assert text.endswith("| HEAD | 1 | 540 | 1.20x |")
