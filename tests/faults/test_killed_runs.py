@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from pgrank import tracking
-from pgrank.config import load_params
+from pgrank.config import Params, load_params
 from pgrank.paths import Paths
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,12 +36,18 @@ STAGE = textwrap.dedent("""
 """)
 
 
-def test_a_run_whose_process_was_killed_is_ended_and_a_live_one_is_not(tmp_path, monkeypatch):
+def workspace_params(tmp_path: Path, monkeypatch) -> Params:
+    """The paper's params with the workspace's paths, written to ``tmp_path/params.yaml`` and loaded (MLflow's store
+    then lives in ``tmp_path``)."""
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     doc = yaml.safe_load((ROOT / "params.yaml").read_text())
     doc["paths"] = {"root": "runs", "data": "data", "embeddings": "emb"}
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(doc))
-    params = load_params(tmp_path / "params.yaml")
+    return load_params(tmp_path / "params.yaml")
+
+
+def test_a_run_whose_process_was_killed_is_ended_and_a_live_one_is_not(tmp_path, monkeypatch):
+    params = workspace_params(tmp_path, monkeypatch)
     killed = subprocess.run([sys.executable, "-c", STAGE, str(tmp_path / "params.yaml"), "killed"],
                             capture_output=True, text=True, timeout=300)
     assert killed.returncode == -9, killed.stderr[-2000:]
@@ -64,11 +70,7 @@ def test_a_run_whose_process_was_killed_is_ended_and_a_live_one_is_not(tmp_path,
 def test_a_stop_while_a_stage_logs_its_params_ends_its_run_killed(tmp_path, monkeypatch):
     import mlflow
 
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    doc = yaml.safe_load((ROOT / "params.yaml").read_text())
-    doc["paths"] = {"root": "runs", "data": "data", "embeddings": "emb"}
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(doc))
-    params = load_params(tmp_path / "params.yaml")
+    params = workspace_params(tmp_path, monkeypatch)
     paths = Paths.from_config(params.paths, base=tmp_path)
 
     def interrupted(*args, **kwargs):  # Ctrl-C arriving while the run's first batch of params is written
