@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shlex
 import shutil
 import statistics
@@ -36,15 +35,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from record import add_out_option, new_record, save, table  # noqa: E402
+from scale import RESOURCES  # noqa: E402  the stage processes' resource lines, as bench/scale.py reads them
 
 ROOT = Path(__file__).resolve().parents[1]
-WALL = re.compile(r"^pgrank: (\S+): wall ([0-9.]+) s", re.M)
 
 
 def stage_walls(output: str) -> dict[str, float]:
-    """``{stage: seconds}`` from the ``pgrank: <stage>: wall X s`` lines of a run's output (a stage logged twice
-    keeps its last figure)."""
-    return {stage: float(seconds) for stage, seconds in WALL.findall(output)}
+    """``{stage: seconds}`` from the ``pgrank: <stage>: wall X s, peak RSS Y MiB`` lines of a run's output, also where
+    a progress bar shares the line (a stage logged twice keeps its last figure)."""
+    return {m["name"]: float(m["wall"]) for m in RESOURCES.finditer(output)}
 
 
 def training_seconds(walls: dict[str, float]) -> float:

@@ -106,9 +106,9 @@ def _half_documents(params, paths) -> list:
 
     warm = load_encoder("minilm", params.models, device="cpu", max_seq_length=256)
     sources = params.data.sources
-    names = dict.fromkeys(n.split("/")[0] for n in [params.data.train, *params.train.validation_sets]
-                          if not (n.split("/")[0] in sources and sources[n.split("/")[0]].halves is not None))
-    return [HalfDocuments(paths.dataset(n) / "corpus.jsonl", warm) for n in names]
+    datasets = dict.fromkeys(n.split("/")[0] for n in [params.data.train, *params.train.validation_sets])
+    return [HalfDocuments(paths.dataset(d) / "corpus.jsonl", warm) for d in datasets
+            if not (d in sources and sources[d].halves is not None)]
 
 
 def run(args) -> dict:
