@@ -14,7 +14,9 @@ models', whatever their weights. Everything runs through pgrank's own code paths
 3. **Processes per GPU** (``models.processes_per_gpu``): DistilBERT under bf16 encoding 8,192 texts of 256 tokens
    through sentence-transformers' multi-process pool with 1, 2 and 4 processes on each GPU, as
    :func:`pgrank.retrieval.dense.corpus_embeddings.build_corpus_embeddings` runs it.
-4. **One ``tower: both`` step at the paper's shape**: ``train.batch_size`` (220) queries x ``mine.candidates``
+4. **The estimators alone** (``per_rank``, ``whole``, ``plrank3``) at the paper's shape, on random scores: sampling,
+   log-probabilities, credit and backward, milliseconds a batch and peak GPU memory.
+5. **One ``tower: both`` step at the paper's shape**: ``train.batch_size`` (220) queries x ``mine.candidates``
    (1000) candidates, every candidate re-encoded with cached gradients (chunks of ``train.grad_chunk_size``),
    ``train.pg.num_samples`` (5000) rankings per query, the paper's estimator: wall time and peak GPU memory,
    through :func:`pgrank.training.trainer.accumulate_gradients` and an AdamW step, with MS MARCO's passage lengths.
@@ -224,26 +226,38 @@ def paper_step(folder: Path, device: str, params, queries: int, candidates: int,
     return out
 
 
-def estimator_at_paper_shape(device: str, params, queries: int, candidates: int) -> dict:
-    """The policy gradient alone (sampling, log-probabilities, credit) on random scores of the paper's shape."""
+ESTIMATORS = ("per_rank", "whole", "plrank3")
+
+
+def estimators_at_paper_shape(device: str, params, queries: int, candidates: int, seconds: float) -> list[dict]:
+    """The policy gradient alone (sampling, log-probabilities, credit, backward) on random scores of the paper's
+    shape, for every estimator, the rest of ``train.pg`` as configured."""
     import torch
 
     from pgrank.core.estimators import policy_gradient
 
     pg = params.train.pg
-    g = torch.Generator(device=device).manual_seed(0)
-    scores = torch.randn(queries, candidates, device=device, generator=g).requires_grad_(True)
-    relevance = (torch.rand(queries, candidates, device=device, generator=g) < 0.002).float()
+    rows = []
+    for estimator in ESTIMATORS:
+        g = torch.Generator(device=device).manual_seed(0)
+        scores = torch.randn(queries, candidates, device=device, generator=g).requires_grad_(True)
+        relevance = (torch.rand(queries, candidates, device=device, generator=g) < 0.002).float()
 
-    def run():
-        policy_gradient(scores, relevance, num_samples=pg.num_samples, utility=pg.utility, estimator=pg.estimator,
-                        baseline=pg.baseline, temperature=pg.temperature, entropy_coef=pg.entropy_coef,
-                        entropy=pg.entropy, generator=g).loss.backward()
+        def run():
+            policy_gradient(scores, relevance, num_samples=pg.num_samples, utility=pg.utility, estimator=estimator,
+                            baseline=pg.baseline, temperature=pg.temperature, entropy_coef=pg.entropy_coef,
+                            entropy=pg.entropy, generator=g).loss.backward()
 
-    per_s = rate(run, 1, device, 2.0)
-    print(f"  estimator {queries} x {candidates}, {pg.num_samples} rankings/query: {1000 / per_s:.0f} ms", flush=True)
-    return {"queries": queries, "candidates": candidates, "num_samples": pg.num_samples, "estimator": pg.estimator,
-            "ms": round(1000 / per_s, 1)}
+        if device.startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats()
+        per_s = rate(run, 1, device, seconds)
+        peak = torch.cuda.max_memory_allocated() if device.startswith("cuda") else None
+        rows.append({"queries": queries, "candidates": candidates, "num_samples": pg.num_samples,
+                     "estimator": estimator, "ms": round(1000 / per_s, 1),
+                     "peak_gib": None if peak is None else round(peak / 2**30, 2)})
+        print(f"  estimator {estimator:<8} {queries} x {candidates}, {pg.num_samples} rankings/query: "
+              f"{1000 / per_s:.0f} ms", flush=True)
+    return rows
 
 
 def main() -> None:
@@ -253,7 +267,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0, help="time per throughput measurement")
     parser.add_argument("--queries", type=int, default=None, help="queries of the training step (default train.batch_size)")
     parser.add_argument("--candidates", type=int, default=None, help="candidates per query (default mine.candidates)")
-    parser.add_argument("--skip", nargs="*", default=[], choices=["encoding", "pool", "training", "step"])
+    parser.add_argument("--skip", nargs="*", default=[], choices=["encoding", "pool", "training", "estimator", "step"])
     parser.add_argument("--lengths", type=int, nargs="*", default=list(LENGTHS), help="text lengths (tokens) to encode")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="a params.yaml override, e.g. train.grad_chunk_size=512 (repeatable)")
@@ -280,8 +294,11 @@ def main() -> None:
             record["pool"] = pool_rates(folders["distilbert (sbert, tas-b)"], args.device, params.mine.batch_size)
         if "training" not in args.skip:
             record["training"] = training_rates(folders["distilbert (sbert, tas-b)"], args.device, args.seconds, params)
+        if "estimator" not in args.skip:
+            record["estimators"] = estimators_at_paper_shape(args.device, params, queries, candidates,
+                                                             max(args.seconds, 2.0))
+            record["estimator"] = next(r for r in record["estimators"] if r["estimator"] == params.train.pg.estimator)
         if "step" not in args.skip:
-            record["estimator"] = estimator_at_paper_shape(args.device, params, queries, candidates)
             (work / "step").mkdir()
             record["step"] = paper_step(folders["distilbert (sbert, tas-b)"], args.device, params, queries, candidates,
                                         work / "step")
@@ -309,6 +326,12 @@ def render(record: dict) -> str:
     if record.get("training"):
         out += ["| training (forward + backward) | tokens | texts/s |", "| --- | ---: | ---: |"]
         out += [f"| {r['task']} ({r['amp']}) | {r['tokens']} | {r['texts_per_s']:,.0f} |" for r in record["training"]]
+        out.append("")
+    if record.get("estimators"):
+        first = record["estimators"][0]
+        out += [f"| estimator alone, {first['queries']} x {first['candidates']}, {first['num_samples']} rankings per "
+                "query | ms | peak GiB |", "| --- | ---: | ---: |"]
+        out += [f"| `{r['estimator']}` | {r['ms']:,.0f} | {r['peak_gib']} |" for r in record["estimators"]]
         out.append("")
     if record.get("step"):
         s, e = record["step"], record.get("estimator", {})

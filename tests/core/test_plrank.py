@@ -137,6 +137,7 @@ def test_lower_variance_than_per_rank_for_a_positive_ranked_low():
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA device is needed")
 def test_cuda_computes_what_the_cpu_computes():
     g = torch.Generator().manual_seed(3)
     logits = torch.randn(4, 60, generator=g) * 5
