@@ -288,16 +288,16 @@ class OnnxEncoder:
     """A sentence-transformers model's ``encode_query`` / ``encode_document`` run by ONNX Runtime.
 
     The model's tokenizer, truncation length and prompts are used as sentence-transformers uses them;
-    texts run one at a time (:meth:`_encode`).
+    texts run one at a time (:meth:`_encode`), ``threads`` of them at once, each on one core.
     """
 
     def __init__(self, model: "SentenceTransformer", graph: Path, inputs: list[str], threads: int):
         import onnxruntime as ort
 
         options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
+        options.intra_op_num_threads = 1  # one text per run, one core per run: parallel over texts instead
         options.inter_op_num_threads = 1
-        self.model, self.inputs = model, inputs
+        self.model, self.inputs, self.threads = model, inputs, max(1, threads)
         self.session = ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
 
     @property
@@ -314,18 +314,32 @@ class OnnxEncoder:
         default = self.model.default_prompt_name
         return prompts.get(default, "") if default else ""
 
+    def _feed(self, text: str) -> dict[str, np.ndarray]:
+        features = _features(self.model, [text])
+        return {n: features[n].numpy().astype(np.int64) for n in self.inputs}
+
+    def _run(self, feed: dict[str, np.ndarray]) -> np.ndarray:
+        (emb,) = self.session.run([_OUTPUT], feed)
+        return emb[0]
+
     def _encode(self, texts, prompt: str) -> np.ndarray:
         """One text per run: no padding, and an int8 embedding (one activation scale per run) depends on its
-        text alone, not on the batch it came in. On 2 cores this measured faster than batches of 16 too
-        (MiniLM, 256 tokens: int8 49.4 against 35.2 docs/s, fp32 31.9 against 25.6)."""
-        out = None
-        for i, text in enumerate(texts):
-            features = _features(self.model, [prompt + text])
-            (emb,) = self.session.run([_OUTPUT], {n: features[n].numpy().astype(np.int64) for n in self.inputs})
-            if out is None:
-                out = np.empty((len(texts), emb.shape[1]), dtype=np.float32)
-            out[i] = emb[0]
-        return out if out is not None else np.empty((0, self.model.get_sentence_embedding_dimension()), np.float32)
+        text alone, not on the batch it came in.
+
+        ``threads`` runs go at once on one shared session (ONNX Runtime's ``run`` is thread-safe and releases
+        the GIL), each single-threaded; texts are tokenized in the calling thread, as the tokenizer is not
+        safe to share across threads. A text's embedding is the same whatever the thread count (tested).
+        ``python bench/backends.py`` measures the rates (docs/results.md)."""
+        dim = self.model.get_sentence_embedding_dimension()
+        feeds = (self._feed(prompt + text) for text in texts)
+        if self.threads == 1 or len(texts) < 2:
+            rows = list(map(self._run, feeds))
+        else:
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(min(self.threads, len(texts)), thread_name_prefix="pgrank-onnx") as pool:
+                rows = list(pool.map(self._run, feeds))
+        return np.stack(rows).astype(np.float32, copy=False) if rows else np.empty((0, dim), np.float32)
 
     def encode_query(self, texts, **_) -> np.ndarray:
         return self._encode(list(texts), self._prompt(("query",)))

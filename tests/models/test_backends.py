@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -88,6 +89,22 @@ def test_an_onnx_embedding_depends_on_its_text_alone_not_on_its_batch(tmp_path, 
     together = encoder.encode_document(TEXTS, batch_size=4)
     for i, text in enumerate(TEXTS):
         np.testing.assert_array_equal(encoder.encode_document([text], batch_size=1)[0], together[i])
+
+
+@pytest.mark.parametrize("backend", ["onnx", "onnx-int8"])
+def test_onnx_texts_run_in_parallel_give_the_embeddings_of_one_thread_in_order(tmp_path, tiny_model_dir, backend):
+    encoder, _ = load_inference_encoder(str(tiny_model_dir), ModelsConfig(), paths_at(tmp_path), backend=backend)
+    texts = [f"{t} {i}" * (1 + i % 5) for i, t in enumerate(TEXTS * 7)]
+    encoder.threads = 1
+    one = encoder.encode_document(texts)
+    encoder.threads = 3
+    run, where = encoder._run, set()
+    encoder._run = lambda feed: (where.add(threading.current_thread().name), run(feed))[1]
+    parallel = encoder.encode_document(texts)
+    assert where and all(name.startswith("pgrank-onnx") for name in where)
+    assert parallel.dtype == np.float32 and parallel.shape == one.shape
+    np.testing.assert_array_equal(parallel, one)
+    assert encoder.encode_query([]).shape == (0, one.shape[1])
 
 
 def test_a_model_that_does_not_export_runs_torch_under_auto_and_is_refused_by_name(tmp_path, tiny_model_dir):
