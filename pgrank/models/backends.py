@@ -330,16 +330,19 @@ class OnnxEncoder:
         the GIL), each single-threaded; texts are tokenized in the calling thread, as the tokenizer is not
         safe to share across threads. A text's embedding is the same whatever the thread count (tested).
         ``python bench/backends.py`` measures the rates (docs/results.md)."""
-        dim = self.model.get_sentence_embedding_dimension()
-        feeds = (self._feed(prompt + text) for text in texts)
+        out = np.empty((len(texts), self.model.get_sentence_embedding_dimension()), np.float32)
         if self.threads == 1 or len(texts) < 2:
-            rows = list(map(self._run, feeds))
-        else:
-            from concurrent.futures import ThreadPoolExecutor
+            for i, text in enumerate(texts):
+                out[i] = self._run(self._feed(prompt + text))
+            return out
+        from concurrent.futures import ThreadPoolExecutor
 
-            with ThreadPoolExecutor(min(self.threads, len(texts)), thread_name_prefix="pgrank-onnx") as pool:
-                rows = list(pool.map(self._run, feeds))
-        return np.stack(rows).astype(np.float32, copy=False) if rows else np.empty((0, dim), np.float32)
+        window = 64 * self.threads  # texts tokenized ahead of the runs: bounded, whatever len(texts)
+        with ThreadPoolExecutor(min(self.threads, len(texts)), thread_name_prefix="pgrank-onnx") as pool:
+            for lo in range(0, len(texts), window):
+                part = texts[lo : lo + window]
+                out[lo : lo + len(part)] = np.stack(list(pool.map(self._run, (self._feed(prompt + t) for t in part))))
+        return out
 
     def encode_query(self, texts, **_) -> np.ndarray:
         return self._encode(list(texts), self._prompt(("query",)))

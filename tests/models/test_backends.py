@@ -94,10 +94,10 @@ def test_an_onnx_embedding_depends_on_its_text_alone_not_on_its_batch(tmp_path, 
 @pytest.mark.parametrize("backend", ["onnx", "onnx-int8"])
 def test_onnx_texts_run_in_parallel_give_the_embeddings_of_one_thread_in_order(tmp_path, tiny_model_dir, backend):
     encoder, _ = load_inference_encoder(str(tiny_model_dir), ModelsConfig(), paths_at(tmp_path), backend=backend)
-    texts = [f"{t} {i}" * (1 + i % 5) for i, t in enumerate(TEXTS * 7)]
+    texts = [f"{t} {i}" * (1 + i % 5) for i, t in enumerate(TEXTS * 40)]  # 160: more than one window of runs
     encoder.threads = 1
     one = encoder.encode_document(texts)
-    encoder.threads = 3
+    encoder.threads = 2
     run, where = encoder._run, set()
     encoder._run = lambda feed: (where.add(threading.current_thread().name), run(feed))[1]
     parallel = encoder.encode_document(texts)
