@@ -330,7 +330,9 @@ class OnnxEncoder:
         the GIL), each single-threaded; texts are tokenized in the calling thread, as the tokenizer is not
         safe to share across threads. A text's embedding is the same whatever the thread count (tested).
         ``python bench/backends.py`` measures the rates (docs/results.md)."""
-        out = np.empty((len(texts), self.model.get_sentence_embedding_dimension()), np.float32)
+        # sentence-transformers 6 renamed get_sentence_embedding_dimension (deprecated there) to get_embedding_dimension
+        dimension = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
+        out = np.empty((len(texts), dimension()), np.float32)
         if self.threads == 1 or len(texts) < 2:
             for i, text in enumerate(texts):
                 out[i] = self._run(self._feed(prompt + text))
