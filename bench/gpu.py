@@ -334,11 +334,11 @@ def render(record: dict) -> str:
         out += [f"| `{r['estimator']}` | {r['ms']:,.0f} | {r['peak_gib']} |" for r in record["estimators"]]
         out.append("")
     if record.get("step"):
-        s, e = record["step"], record.get("estimator", {})
+        s, e = record["step"], record.get("estimator")
         out += [f"One `tower: both` step, {s['queries']} queries x {s['candidates']} candidates ({s['documents']:,} "
                 f"documents of {s['mean_words']} words on average, chunks of {s['grad_chunk_size']}, {s['num_samples']} "
-                f"rankings per query, {s['amp']}): **{s['seconds']} s**, peak GPU memory **{s['peak_gib']} GiB**; the "
-                f"estimator alone: {e.get('ms')} ms."]
+                f"rankings per query, {s['amp']}): **{s['seconds']} s**, peak GPU memory **{s['peak_gib']} GiB**"
+                + (f"; the estimator alone: {e['ms']} ms." if e else ".")]
     return "\n".join(out)
 
 
