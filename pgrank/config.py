@@ -404,6 +404,10 @@ class TrainConfig(_Section):
             raise ValueError("; ".join(f"{'.'.join(map(str, e['loc']))}: {_pydantic_message(e)}"
                                        for e in exc.errors())) from None
 
+    def kl_on(self, objective: str) -> bool:
+        """Whether ``objective``'s loss has the KL term to the warm start: the policy gradient, ``pg.kl_coef > 0``."""
+        return objective == "pg" and self.pg.kl_coef > 0
+
     def kept_inside(self, epochs: list[int]) -> list[int]:
         """Those of ``epochs`` (``evaluate.policy_epochs``) that are kept checkpoints strictly inside (0, epochs)."""
         return [e for e in epochs if e in self.keep_epochs and 0 < e < self.epochs]

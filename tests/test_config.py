@@ -176,3 +176,10 @@ def test_variants_and_extra_seeds_name_runs_with_their_own_train_section():
 def test_bad_variants_and_seeds_are_named(overrides, key, expect):
     msg = str(pytest.raises(ConfigError, load_params, PARAMS, overrides).value)
     assert f"{key}:" in msg and expect in msg, msg
+
+
+def test_the_kl_term_is_on_for_the_policy_gradient_with_a_coefficient_only():
+    assert not load_params(PARAMS).train.kl_on("pg")  # the paper: no KL term
+    demo = load_params(PARAMS, profile="demo").train
+    assert demo.kl_on("pg") and not demo.kl_on("infonce")
+    assert not load_params(PARAMS, ["train.pg.kl_coef=0"], profile="demo").train.kl_on("pg")

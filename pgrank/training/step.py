@@ -71,7 +71,7 @@ def accumulate_gradients(model, batch: Batch, params: Params, *, epoch: int, fro
         scores = candidate_scores(q, docs, batch.index, cfg.similarity)
         pg = cfg.pg
         if objective == "pg":
-            ref_scores = reference.scores(batch, frozen=frozen, corpus=corpus) if pg.kl_coef else None
+            ref_scores = reference.scores(batch, frozen=frozen, corpus=corpus) if cfg.kl_on(objective) else None
             knobs = dict(num_samples=pg.num_samples, utility=pg.utility, estimator=pg.estimator, baseline=pg.baseline,
                          entropy_coef=pg.entropy_coef, entropy=pg.entropy, reference_scores=ref_scores,
                          kl_coef=pg.kl_coef, kl=pg.kl)

@@ -99,8 +99,8 @@ def setup(params: Params, paths: Paths, warm_start: str, objective: str, device:
     fingerprint = _fingerprint(params, ref.key, objective, data.digests())
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-    models = load_models(ref, doc_ref, params, dev, reference=(objective == "pg" and bool(cfg.pg.kl_coef))
-                         or (cfg.tower == "both" and bool(cfg.document_anchor.coef)))
+    models = load_models(ref, doc_ref, params, dev,
+                         reference=cfg.kl_on(objective) or (cfg.tower == "both" and bool(cfg.document_anchor.coef)))
     model = models.policy
     model.eval()  # the probe must not consume RNG (dropout): resumed runs replay the RNG exactly
     unused = distributed.freeze_unused(
@@ -268,7 +268,7 @@ def train_epoch(run: Run, epoch: int, tracker, *, progress: bool) -> tuple[dict,
                  "grad_norm": norm.item(), "entropy": stats.entropy}
         curve.append(point)
         logged = {k: point[k] for k in ("loss", "utility", "grad_norm", "entropy")}
-        if run.objective == "pg" and cfg.pg.kl_coef:
+        if cfg.kl_on(run.objective):
             logged["kl"] = distributed.all_mean(stats.kl, world, dev)
         if cfg.document_anchor.coef:
             logged["drift"] = distributed.all_mean(stats.drift, world, dev)
