@@ -29,10 +29,9 @@ from pathlib import Path
 from pgrank.atomic import atomic_path
 from pgrank.config import HalvesConfig
 from pgrank.data.beir import read_jsonl
-from pgrank.data.checksums import DOWNLOAD_RECORD
 from pgrank.download.dataset_checks import validate_folder
 from pgrank.download.manifests import fingerprint
-from pgrank.download.sources import corpus_entry, installed_record
+from pgrank.download.sources import installed_record, write_install_record
 from pgrank.errors import DataError
 
 SPLIT = "dev"  # the one judged split: a validation set, never trained on
@@ -101,8 +100,5 @@ def install_halves(name: str, cfg: HalvesConfig, parent: Path, target: Path, cac
     kept = sample_halves(corpus, cfg, label)
     with atomic_path(target, directory=True) as tmp:
         write_halves(tmp, kept, cfg.queries)
-        summary = validate_folder(tmp, label, missing_documents="error")
-        record = {"dataset": name, "origin": origin, "folders": {".": vars(summary)},
-                  "corpus": corpus_entry(tmp, summary.corpus_sha256)}
-        (tmp / DOWNLOAD_RECORD).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        write_install_record(tmp, name, origin, vars(validate_folder(tmp, label, missing_documents="error")))
     return "validated"

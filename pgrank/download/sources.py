@@ -84,10 +84,18 @@ def _summary(folder: Path, label: str, missing_documents: str) -> dict:
     return vars(summary)
 
 
-def corpus_entry(folder: Path, corpus_sha256: str) -> dict:
+def _corpus_entry(folder: Path, corpus_sha256: str) -> dict:
     """What :func:`pgrank.data.checksums.corpus_sha256` trusts while the corpus' size and mtime are unchanged."""
     st = (folder / "corpus.jsonl").stat()
     return {"sha256": corpus_sha256, "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def write_install_record(folder: Path, name: str, origin: dict, summary: dict) -> None:
+    """The record of the source ``name`` installed in ``folder`` (still being built, before its atomic rename): its
+    origin, the validated folder's summary and its corpus entry; :func:`installed_record` reads it back."""
+    record = {"dataset": name, "origin": origin, "folders": {".": summary},
+              "corpus": _corpus_entry(folder, summary["corpus_sha256"])}
+    (folder / DOWNLOAD_RECORD).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
 # --------------------------------------------------------------------------------------- folders
@@ -131,7 +139,7 @@ def link_folder(name: str, cfg: SourceConfig, target: Path, cache_file: Path, co
         return "present"
     summary = _summary(target, str(folder), cfg.missing_documents)
     record = dict(record, validated=files, folders={".": summary},
-                  corpus=corpus_entry(target, summary["corpus_sha256"]))
+                  corpus=_corpus_entry(target, summary["corpus_sha256"]))
     write_json(target / DOWNLOAD_RECORD, record)
     return "validated"
 
@@ -147,10 +155,7 @@ def _install_zip(name: str, cfg: SourceConfig, zip_path: Path, target: Path, ori
         if folders != ["."]:
             raise DataError(f"{label}: holds several BEIR folders ({', '.join(folders)}); a source is one dataset "
                             "(corpus.jsonl, queries.jsonl, qrels/ at the top, or in one top folder)")
-        summary = _summary(tmp, f"{label}: {name}", cfg.missing_documents)
-        record = {"dataset": name, "origin": origin, "folders": {".": summary},
-                  "corpus": corpus_entry(tmp, summary["corpus_sha256"])}
-        (tmp / DOWNLOAD_RECORD).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        write_install_record(tmp, name, origin, _summary(tmp, f"{label}: {name}", cfg.missing_documents))
 
 
 def _check_pin(name: str, cfg: SourceConfig, digest: str, where: str) -> None:
