@@ -1,7 +1,7 @@
 """The docs pages generated from the code, so that they cannot drift from it (``mkdocs build`` regenerates them through
 ``docs/hooks.py``; ``tests/test_docs.py`` checks that the committed pages equal what this writes):
 
-* ``reference/configuration.md``: every key of ``params.yaml`` from the typed config (``pgrank/config.py``): its
+* ``reference/configuration.md``: every key of ``params.yaml`` from the typed config (``pgrank/config/``): its
   default (the paper's value as committed), its meaning (the field's description, else the comment beside the key in
   ``params.yaml``) and the DVC stages that read it (their ``params:`` in ``dvc.yaml``);
 * ``reference/cli.md``: every ``pgrank`` command with its arguments and options, from the Typer app (``cli.py``);
@@ -131,7 +131,7 @@ def configuration() -> str:
     doc = yaml.safe_load((ROOT / "params.yaml").read_text(encoding="utf-8"))
     stage_params = _dvc_params()
     out = ["# Configuration reference", "",
-           "Generated from the typed configuration (`pgrank/config.py`) by `python docs/generate.py`: every key of",
+           "Generated from the typed configuration (`pgrank/config/`) by `python docs/generate.py`: every key of",
            "`params.yaml`, its value as committed (the paper's configuration; a profile overrides some, see",
            "[profiles](../pipeline.md#profiles)), what it means, and the DVC stages that read it (a change re-runs",
            "exactly those). Unknown keys are errors; `pgrank params [SECTION]` prints the resolved configuration.", ""]

@@ -1,7 +1,7 @@
 """The layout is the pipeline, and imports only run downward.
 
-Layers, bottom to top: ``core`` (pure math: imports nothing of pgrank); the top-level modules (config,
-paths, errors, atomic writes, tracking); ``data`` (the storage every stage reads); ``download`` (the
+Layers, bottom to top: ``core`` (pure math: imports nothing of pgrank); the top-level modules (the config
+package, paths, errors, atomic writes, tracking); ``data`` (the storage every stage reads); ``download`` (the
 download stage, which writes it); ``models``; the retriever kinds ``retrieval/<kind>`` (none imports
 another kind); ``mining``; ``training``; ``evaluation``; ``reporting``; ``pipeline``. A module may import
 its own package and any layer below it, never one above (every import statement counts, including those
@@ -25,7 +25,7 @@ TOP = {"__init__", "atomic", "config", "errors", "paths", "tracking"}
 def _unit(module: str) -> tuple[str, str]:
     """(layer, package) of a pgrank module: ``pgrank.retrieval.bm25.index`` -> ("retrieval", "retrieval.bm25")."""
     parts = module.split(".")[1:] or ["__init__"]
-    if parts[0] in TOP and len(parts) == 1:
+    if parts[0] in TOP:  # a top-level module, or the top-level package pgrank.config
         return "top", "top"
     if parts[0] == "retrieval":
         return "retrieval", ".".join(parts[:2])

@@ -108,7 +108,7 @@ def test_bad_input_gives_one_clear_line_a_non_zero_exit_and_changes_nothing(case
     assert not out["changed"], f"the command changed {out['changed']}"
 
 
-# One problem of a configuration error that has several: ``<where>: <key path>: <message>`` (pgrank.config._format),
+# One problem of a configuration error that has several: ``<where>: <key path>: <message>`` (pgrank.config.files.format_problem),
 # where is ``params.yaml:12``, a profile's line or ``--set key=value``.
 PROBLEM = re.compile(r"^\S.*?: [\w.\[\]-]+: \S")
 

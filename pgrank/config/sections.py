@@ -1,0 +1,295 @@
+"""The sections of ``params.yaml`` but ``train`` (:mod:`pgrank.config.training`): frozen, typed, unknown keys
+forbidden. The shared ``paths``, ``models`` and ``tracking``; the stages' ``data``, ``mine``, ``evaluate`` and
+``tables``; scheduled retraining's ``champion``; and first-stage ``search``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+PositiveInt = Annotated[int, Field(gt=0)]
+NonNegInt = Annotated[int, Field(ge=0)]
+PositiveFloat = Annotated[float, Field(gt=0)]
+NonNegFloat = Annotated[float, Field(ge=0)]
+
+
+class Section(BaseModel):
+    """A section of ``params.yaml``: frozen, and a key it does not know is an error."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+
+
+# --------------------------------------------------------------------------------------- shared
+
+
+class PathsConfig(Section):
+    """Where artifacts go. All other paths are derived in :mod:`pgrank.paths`."""
+
+    root: str = Field(description="Folder for everything this profile writes (runs, models, results).")
+    data: str = Field(description="Folder for downloaded BEIR datasets (shared between profiles).")
+    embeddings: str = Field(description="Folder for corpus-embedding artifacts (shared between profiles).")
+
+
+class OfflineModel(Section):
+    """A local copy of a hub model: a directory, or a pip package that ships the weights."""
+
+    path: str | None = None
+    package: str | None = None
+    sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    revision: str | None = Field(default=None, description="the hub revision this copy holds; a different "
+                                 "models.revisions pin is an error")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "OfflineModel":
+        if (self.path is None) == (self.package is None):
+            raise ValueError("give exactly one of 'path' or 'package'")
+        return self
+
+
+InferenceBackend = Literal["auto", "torch", "torch-bf16", "onnx", "onnx-int8"]  # pgrank.models.backends
+
+
+class ModelsConfig(Section):
+    """Hub ids by short alias, plus offline copies keyed by hub id."""
+
+    aliases: dict[str, str] = Field(default_factory=dict)
+    offline: dict[str, OfflineModel] = Field(default_factory=dict)
+    backend: InferenceBackend = Field(
+        default="auto", description="how models run forward outside training (pgrank.models.backends); auto: by device and CPU")
+    backends: dict[str, InferenceBackend] = Field(
+        default_factory=dict, description="per model (alias or hub id), overriding backend")
+    revisions: dict[str, str] = Field(
+        default_factory=dict, description="hub revision (commit, tag, branch or refs/pr/N) per model (alias or hub id)")
+    processes_per_gpu: PositiveInt = Field(
+        default=4, description="processes encoding a corpus on each GPU (sentence-transformers' pool): tokenizing on the "
+                               "CPU overlaps the GPU's work")
+
+
+class TrackingConfig(Section):
+    enabled: bool = True
+    experiment: str = "pgrank"
+    registered_model: str = "pgrank-retriever"
+    champion_alias: str = "champion"
+    # None: sqlite file under paths.root (absolute URI); MLFLOW_TRACKING_URI overrides either.
+    uri: str | None = None
+
+
+# --------------------------------------------------------------------------------------- stages
+
+
+_DATASET_NAME = r"^[\w][\w.-]*$"
+
+
+class HalvesConfig(Section):
+    """Half-document retrieval built from another dataset's corpus (:mod:`pgrank.download.halves`): a label-free
+    out-of-domain validation set (``<source>/dev``)."""
+
+    of: str = Field(pattern=_DATASET_NAME, description="the dataset (a BEIR name or another source) whose corpus is cut")
+    queries: PositiveInt = Field(default=500, description="first halves that are queries (at most `documents`)")
+    documents: int = Field(default=2000, ge=2, description="second halves that are the collection")
+    min_words: PositiveInt = Field(default=80, description="documents shorter than this (words of text) are not cut")
+    seed: int = Field(default=0, description="seed of the documents drawn")
+
+
+class SourceConfig(Section):
+    """A BEIR-format dataset of your own (:mod:`pgrank.download.sources`): a folder read in place, a local
+    zip, or an http(s) URL of a zip; validated and fingerprinted like a BEIR download. Or half-document
+    retrieval built from another dataset's corpus (``halves``, :mod:`pgrank.download.halves`)."""
+
+    path: str | None = Field(default=None, description="folder (or .zip) relative to the params file")
+    url: str | None = Field(default=None, description="http(s) URL of a zip of the folder")
+    halves: HalvesConfig | None = Field(
+        default=None, description="half-document retrieval over another dataset's corpus (no judgments needed)")
+    sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$", description="pin of the zip (url or .zip path)")
+    missing_documents: Literal["error", "warn"] = Field(
+        default="error", description="a judgment whose document is not in corpus.jsonl: an error, or a warning as in BEIR")
+
+    @model_validator(mode="after")
+    def _one_location(self) -> "SourceConfig":
+        if sum(x is not None for x in (self.path, self.url, self.halves)) != 1:
+            raise ValueError("give exactly one of 'path' (a folder or .zip), 'url' (an http(s) URL of a zip) or "
+                             "'halves' (half documents of another dataset)")
+        if self.url is not None and not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"url {self.url!r}: expected an http(s) URL of a zip (a local folder goes under 'path')")
+        if self.sha256 is not None and (self.halves is not None or (self.path is not None and not self.path.endswith(".zip"))):
+            raise ValueError("sha256 pins a zip (url or a .zip path); a folder is fingerprinted file by file")
+        return self
+
+
+class DataConfig(Section):
+    mirror: str | None = Field(default=None, description="Folder or URL replacing BEIR's base URL.")
+    sources: dict[Annotated[str, Field(pattern=_DATASET_NAME)], SourceConfig] = Field(
+        default_factory=dict, description="datasets of your own by name, used in train/eval_sets like BEIR names")
+    holdout: str | None = Field(
+        default=None, description="qrels file whose queries are the gate split (gate-pg), never trained on nor used "
+                                  "for selection (set by scheduled retraining to its frozen gate set)")
+    train: str = Field(pattern=r"^[\w.-]+/[\w.-]+$", description="dataset/split used for training")
+
+    @field_validator("train", mode="before")
+    @classmethod
+    def _train_mapping(cls, value: Any) -> Any:
+        """``{dataset: msmarco, split: train}`` (the form dvc.yaml interpolates) -> ``"msmarco/train"``."""
+        if isinstance(value, dict):
+            if set(value) != {"dataset", "split"}:
+                raise ValueError("expected {dataset: NAME, split: NAME} or 'dataset/split'")
+            return f"{value['dataset']}/{value['split']}"
+        return value
+    validation_size: PositiveInt = Field(
+        default=7000, description="seeded queries of data.train carved out as the validation split (selection: epochs, "
+                                  "early stopping, learning rates; and the choice among several challengers)")
+    validation_seed: int = 13
+    gate_size: NonNegInt = Field(
+        default=0, description="seeded queries of data.train carved out as the gate split (gate-pg), apart from training "
+                               "and validation: the champion gate's frozen gate set (0: none; data.holdout, once set, "
+                               "is the gate split instead)")
+    eval_sets: list[Annotated[str, Field(pattern=r"^[\w.-]+/[\w.-]+$")]] = Field(
+        min_length=1, description="dataset/split ids; in YAML a mapping {dataset: [splits]} (what DVC fans out over) or a list")
+
+    @field_validator("eval_sets", mode="before")
+    @classmethod
+    def _mapping_form(cls, value: Any) -> Any:
+        """``{msmarco: [dev, test], scifact: [test]}`` -> ``["msmarco/dev", "msmarco/test", "scifact/test"]``."""
+        if not isinstance(value, dict):
+            return value
+        ids = []
+        for dataset, splits in value.items():
+            splits = [splits] if isinstance(splits, str) else splits
+            if not isinstance(splits, list) or not splits:
+                raise ValueError(f"{dataset}: expected a list of splits, e.g. [test]")
+            ids += [f"{dataset}/{split}" for split in splits]
+        return ids
+
+    @model_validator(mode="after")
+    def _halves_of_a_dataset(self) -> "DataConfig":
+        for name, source in self.sources.items():
+            of = source.halves.of if source.halves is not None else None
+            if of is not None and (of == name or (of in self.sources and self.sources[of].halves is not None)):
+                raise ValueError(f"sources.{name}.halves.of: {of!r} is itself half documents; name a dataset "
+                                 f"with a corpus of its own")
+        return self
+
+    def eval_sets_by_dataset(self) -> dict[str, list[str]]:
+        """The evaluation sets as ``{dataset: [splits]}``, in order (the form DVC fans out over)."""
+        out: dict[str, list[str]] = {}
+        for eval_set in self.eval_sets:
+            dataset, split = eval_set.split("/")
+            out.setdefault(dataset, []).append(split)
+        return out
+
+
+class Bm25Config(Section):
+    k1: PositiveFloat = 0.9
+    b: Annotated[float, Field(ge=0, le=1)] = 0.4
+    stemmer: str | None = "english"
+    stopwords: str | None = "en"
+    method: Literal["robertson", "lucene", "atire", "bm25l", "bm25+"] = "lucene"
+
+
+class MineConfig(Section):
+    source: Literal["dense", "bm25", "published"] = "dense"
+    model: str = "gtr-t5-xl"
+    candidates: PositiveInt = 1000
+    batch_size: PositiveInt = 128
+    max_seq_length: PositiveInt = 512
+    chunk_size: PositiveInt = Field(default=65536, description="documents per embedding shard")
+    bm25: Bm25Config = Bm25Config()
+    training_runs: bool = Field(
+        default=False, description="also write the carved training splits' candidate sets as TREC runs (MS MARCO: ~25 GB)")
+    published_dir: str | None = Field(
+        default=None, description="folder holding the authors' candidate files (source: published); null: download from the hub"
+    )
+
+
+class SignificanceConfig(Section):
+    test: Literal["student", "wilcoxon", "fisher"] = "student"
+    alpha: Annotated[float, Field(gt=0, lt=1)] = 0.05
+
+
+# The two evaluation stages of the paper: second-stage reranking and first-stage retrieval.
+EVAL_STAGES = ("rerank", "full")
+EvalStage = Literal["rerank", "full"]
+
+
+class SystemsConfig(Section):
+    """Comparison systems by retriever kind; each kind is one DVC stage (``evaluate-<kind>``) whose code
+    is ``pgrank/retrieval/<kind>``, so editing one kind re-runs only its evaluations."""
+
+    bm25: list[Literal["bm25"]] = Field(default_factory=list, description="[bm25] or []: BM25 with mine.bm25's settings")
+    dense: list[str] = Field(default_factory=list, description="sentence-transformers bi-encoders (aliases, hub ids, folders)")
+    sparse: list[str] = Field(default_factory=list, description="learned sparse models (SPLADE) through SparseEncoder")
+
+    def all(self) -> list[str]:
+        """Every comparison system, in column order: BM25, dense, sparse."""
+        return [*self.bm25, *self.dense, *self.sparse]
+
+    def kind(self, name: str) -> str | None:
+        """``bm25`` | ``dense`` | ``sparse`` for a listed system, else ``None``."""
+        return next((kind for kind in ("bm25", "dense", "sparse") if name in getattr(self, kind)), None)
+
+
+class EvaluateConfig(Section):
+    stages: list[EvalStage] = Field(default_factory=lambda: list(EVAL_STAGES))
+    systems: SystemsConfig = SystemsConfig()
+    policy_epochs: list[NonNegInt] = Field(default_factory=list, description="extra epochs of each policy to rerank with")
+    ks: list[PositiveInt] = Field(default_factory=lambda: [1, 3, 5, 10])
+    top_k: PositiveInt = 1000
+    batch_size: PositiveInt = 128
+    max_seq_length: PositiveInt = 512
+    ignore_identical_ids: bool = True
+    significance: SignificanceConfig = SignificanceConfig()
+
+
+class TablesConfig(Section):
+    formats: list[Literal["md", "tex", "png"]] = Field(default_factory=lambda: ["md", "tex", "png"])
+    decimals: Annotated[int, Field(ge=1, le=6)] = 3
+    # The paper leaves BM25 out of its second-stage tables (footnote: "commonly used only as a first-stage
+    # approach"): omit the column, or show it as context that takes no part in the bold/underline marks.
+    rerank_bm25: Literal["omit", "context"] = "omit"
+
+
+GATE_METRIC = re.compile(r"^(ndcg|mrr|recall|map|precision)@(\d+)$")
+
+
+class ChampionConfig(Section):
+    """The promotion gate of scheduled retraining (:mod:`pgrank.pipeline.gate`, ``flows/retraining.py``).
+
+    Champion and challenger are evaluated side by side on one gate set; the challenger is promoted only
+    if its mean ``metric`` beats the champion's by more than ``min_gain`` and a paired ``test`` over the
+    gate queries gives ``p < alpha`` (``alpha: null``: no significance required).
+    """
+
+    gate_set: str = Field(default="frozen", pattern=r"^frozen$|^[\w.-]+/[\w.-]+$",
+                          description="frozen: data.train's gate split (data.gate_size queries) at the first gated run, "
+                                      "frozen; or dataset/split")
+    first: Literal["gate", "promote"] = Field(
+        default="gate", description="with no champion yet, gate: the challenger must beat its warm start by the same "
+                                    "rule; promote: it is promoted without a comparison")
+    stage: EvalStage = "rerank"
+    metric: str = "ndcg@10"
+    min_gain: float = 0.0
+    test: Literal["student", "wilcoxon", "fisher"] = "student"
+    alpha: Annotated[float, Field(gt=0, lt=1)] | None = 0.05
+
+    @field_validator("metric")
+    @classmethod
+    def _metric_name(cls, v: str) -> str:
+        if not GATE_METRIC.match(v):
+            raise ValueError("expected ndcg@K, mrr@K, recall@K, map@K or precision@K")
+        return v
+
+
+class SearchConfig(Section):
+    """First-stage dense search (:func:`pgrank.retrieval.dense.exact_search.dense_search`), for mining and evaluation."""
+
+    backend: Literal["auto", "torch", "faiss", "faiss-gpu"] = Field(
+        default="auto", description="auto: FAISS where it sees a GPU (faiss-gpu), else torch (on CUDA where torch sees a GPU; "
+                                    "faster than FAISS on a CPU); all exact with index Flat")
+    index: str = Field(
+        default="Flat", min_length=1,
+        description="FAISS index_factory string: Flat is exact; e.g. IVF4096,Flat or HNSW32 is approximate (FAISS, whole corpus in memory)")
+    nprobe: PositiveInt = Field(default=64, description="inverted lists visited per query by an IVF index")
+    ef_search: PositiveInt = Field(default=128, description="search depth (efSearch) of an HNSW index")
+
