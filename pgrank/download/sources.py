@@ -95,7 +95,7 @@ def write_install_record(folder: Path, name: str, origin: dict, summary: dict) -
     origin, the validated folder's summary and its corpus entry; :func:`installed_record` reads it back."""
     record = {"dataset": name, "origin": origin, "folders": {".": summary},
               "corpus": _corpus_entry(folder, summary["corpus_sha256"])}
-    (folder / DOWNLOAD_RECORD).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    write_json(folder / DOWNLOAD_RECORD, record)
 
 
 # --------------------------------------------------------------------------------------- folders
@@ -133,7 +133,7 @@ def link_folder(name: str, cfg: SourceConfig, target: Path, cache_file: Path, co
             for file in LINKED:
                 (tmp / file).symlink_to(folder / file, target_is_directory=(file == "qrels"))
             record = {"dataset": name, "origin": {"kind": "folder", "path": str(folder)}}
-            (tmp / DOWNLOAD_RECORD).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+            write_json(tmp / DOWNLOAD_RECORD, record)
     files = fingerprint(target, cache_file)
     if record.get("validated") == files:
         return "present"
