@@ -16,7 +16,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from pgrank.errors import ENVIRONMENT_EXIT_CODE, PgrankError, environment_message
+from pgrank.errors import ENVIRONMENT_EXIT_CODE, PgrankError, environment_message, keep_interrupts
 
 
 class _App(typer.Typer):
@@ -127,6 +127,7 @@ def _main(
     ] = None,
 ) -> None:
     _log_to_stderr()
+    keep_interrupts()
     ctx.obj = _Context(params.expanduser().resolve(), profile, list(set_ or []))
 
 

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
+import sys
+import threading
 
 
 class PgrankError(Exception):
@@ -49,3 +52,28 @@ def environment_message(exc: OSError) -> str | None:
     hint = {errno.ENOSPC: "free some disk space", errno.EDQUOT: "free some of your quota",
             errno.EFBIG: "the file-size limit (ulimit -f) is too low"}.get(exc.errno, "check the folder's permissions")
     return f"{where}: {exc.strerror or os.strerror(exc.errno)} ({hint}); run again once fixed"
+
+
+RESEND_DELAY_S = 0.05
+
+
+def keep_interrupts() -> None:
+    """Ctrl-C is never lost in a finalizer: a ``KeyboardInterrupt`` that lands while Python runs an object's
+    ``__del__`` (GitPython's ``Repo`` that MLflow opens, say) is printed as "Exception ignored" and dropped, and the
+    process would go on as if never stopped. Installed once per process (the CLI does it), this hook drops that
+    report and sends SIGINT again from a helper thread once the hook has returned, so the interrupt reaches the code
+    that was running (were it sent at once, it could land in this hook, and be dropped again)."""
+    previous = sys.unraisablehook
+    if getattr(previous, "keeps_interrupts", False):
+        return
+
+    def hook(unraisable) -> None:
+        if unraisable.exc_type is not None and issubclass(unraisable.exc_type, KeyboardInterrupt):
+            again = threading.Timer(RESEND_DELAY_S, os.kill, (os.getpid(), signal.SIGINT))
+            again.daemon = True
+            again.start()
+            return
+        previous(unraisable)
+
+    hook.keeps_interrupts = True
+    sys.unraisablehook = hook

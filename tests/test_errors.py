@@ -1,0 +1,53 @@
+"""pgrank/errors.py: a stop that lands in a finalizer still stops the process."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+# An object whose __del__ is running when Ctrl-C arrives (the signal is raised from inside it, so the timing is
+# exact): Python reports the KeyboardInterrupt as "Exception ignored" and drops it.
+SCRIPT = """
+import signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as under a terminal, even where pytest runs with it ignored
+if sys.argv[1] == "kept":
+    from pgrank.errors import keep_interrupts
+    keep_interrupts()
+    keep_interrupts()  # a second call changes nothing
+
+class Finalized:
+    def __del__(self):
+        signal.raise_signal(signal.SIGINT)
+
+try:
+    Finalized()
+    time.sleep(3)
+    print("ran on")
+except KeyboardInterrupt:
+    print("interrupted")
+"""
+
+
+def _run(mode: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", SCRIPT, mode], capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("mode", ["kept", "python's default"])
+def test_ctrl_c_during_a_finalizer_interrupts_the_running_code_once_interrupts_are_kept(mode):
+    run = _run(mode)
+    if mode == "kept":
+        assert run.stdout.strip() == "interrupted", run.stderr
+        assert "Exception ignored" not in run.stderr and "Traceback" not in run.stderr, run.stderr
+    else:  # what the hook is for: without it the process runs on, the stop lost
+        assert run.stdout.strip() == "ran on"
+        assert "Exception ignored" in run.stderr and "KeyboardInterrupt" in run.stderr
+
+
+def test_other_exceptions_in_a_finalizer_are_still_reported():
+    script = ("from pgrank.errors import keep_interrupts\nkeep_interrupts()\n"
+              "class F:\n    def __del__(self):\n        raise ValueError('from a finalizer')\nF()\nprint('ran on')\n")
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert run.stdout.strip() == "ran on"
+    assert "Exception ignored" in run.stderr and "ValueError: from a finalizer" in run.stderr
