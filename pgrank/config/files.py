@@ -68,7 +68,6 @@ def set_override(doc: dict, override: str) -> None:
     node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else None
 
 
-
 def format_problem(default: str, origins: dict[tuple, str], loc: tuple, msg: str) -> str:
     # Walk up the key path to the nearest key whose origin is known (missing keys have none).
     where = default
@@ -88,7 +87,7 @@ def pydantic_message(err: dict) -> str:
     got = err.get("input")
     msg = msg[0].lower() + msg[1:] if msg else msg
     msg = msg.removeprefix("value error, ")
-    if kind not in ("missing",) and not isinstance(got, (dict, list)):
+    if not isinstance(got, (dict, list)):
         msg += f" (got {got!r})"
     return msg
 
