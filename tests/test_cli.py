@@ -70,11 +70,8 @@ def test_train_refuses_a_seed_the_params_do_not_list():
 def test_every_command_keeps_a_ctrl_c_that_lands_in_a_finalizer():
     """A stage's Ctrl-C can arrive while Python runs an object's ``__del__``, which would drop it (pgrank/errors.py
     ``keep_interrupts``); once a command has started, the interrupt still reaches the code that runs."""
-    script = ("import signal, time, cli\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
-              "cli.app(['params', 'train'], standalone_mode=False)\n"
-              "class Finalized:\n    def __del__(self):\n        signal.raise_signal(signal.SIGINT)\n"
-              "try:\n    Finalized()\n    time.sleep(3)\n    print('ran on')\nexcept KeyboardInterrupt:\n"
-              "    print('interrupted')\n")
-    run = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    from test_errors import ctrl_c_in_a_finalizer
+
+    run = ctrl_c_in_a_finalizer("import cli\ncli.app(['params', 'train'], standalone_mode=False)")
     assert run.stdout.splitlines()[-1] == "interrupted", run.stderr
     assert "Exception ignored" not in run.stderr

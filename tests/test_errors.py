@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-# An object whose __del__ is running when Ctrl-C arrives (the signal is raised from inside it, so the timing is
-# exact): Python reports the KeyboardInterrupt as "Exception ignored" and drops it.
-SCRIPT = """
-import signal, sys, time
-signal.signal(signal.SIGINT, signal.default_int_handler)  # as under a terminal, even where pytest runs with it ignored
-if sys.argv[1] == "kept":
-    from pgrank.errors import keep_interrupts
-    keep_interrupts()
-    keep_interrupts()  # a second call changes nothing
+ROOT = Path(__file__).resolve().parents[1]
 
+# An object whose __del__ is running when Ctrl-C arrives (the signal is raised from inside it, so the timing is
+# exact): Python reports the KeyboardInterrupt as "Exception ignored" and drops it. SIGINT's handler is set as under
+# a terminal, even where pytest runs with it ignored.
+FINALIZED = """
+import signal, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
+{setup}
 class Finalized:
     def __del__(self):
         signal.raise_signal(signal.SIGINT)
@@ -30,13 +30,19 @@ except KeyboardInterrupt:
 """
 
 
-def _run(mode: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", SCRIPT, mode], capture_output=True, text=True, timeout=60)
+def ctrl_c_in_a_finalizer(setup: str) -> subprocess.CompletedProcess:
+    """Run ``setup`` (Python, in the checkout), then Ctrl-C inside a finalizer; stdout ends ``interrupted`` when the
+    interrupt reached the running code, ``ran on`` when it was dropped."""
+    return subprocess.run([sys.executable, "-c", FINALIZED.format(setup=setup)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+
+
+KEPT = "from pgrank.errors import keep_interrupts\nkeep_interrupts()\nkeep_interrupts()  # a second call changes nothing"
 
 
 @pytest.mark.parametrize("mode", ["kept", "python's default"])
 def test_ctrl_c_during_a_finalizer_interrupts_the_running_code_once_interrupts_are_kept(mode):
-    run = _run(mode)
+    run = ctrl_c_in_a_finalizer(KEPT if mode == "kept" else "")
     if mode == "kept":
         assert run.stdout.strip() == "interrupted", run.stderr
         assert "Exception ignored" not in run.stderr and "Traceback" not in run.stderr, run.stderr
