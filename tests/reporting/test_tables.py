@@ -2,7 +2,7 @@
 
 The synthetic results set (:func:`write_project`) is small and hand-made so that each rule has a cell
 that shows it. Goldens live in ``tests/golden/tables/``; after an intended change of the output,
-regenerate them with ``PGRANK_UPDATE_GOLDEN=1 python -m pytest tests/test_tables.py`` and review the diff.
+regenerate them with ``PGRANK_UPDATE_GOLDEN=1 python -m pytest tests/reporting/test_tables.py`` and review the diff.
 The LaTeX compile test runs where ``pdflatex`` is installed (CI does not install TeX: skipped there).
 """
 
