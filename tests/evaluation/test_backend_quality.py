@@ -19,7 +19,9 @@ from pgrank.paths import Paths
 
 ROOT = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.slow
+# Four backends, each over two whole corpora (8,816 passages): 1,088 s on 2 AMD EPYC cores (AVX-512 VNNI, no AMX),
+# past the suite's 900 s default.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
 
 def test_every_backend_stays_within_its_bound_of_torch_fp32(tmp_path, beir_mirror, minilm_path):

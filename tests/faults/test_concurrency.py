@@ -84,17 +84,20 @@ def test_a_second_pipeline_on_a_busy_workspace_stops_at_once_and_changes_nothing
     assert not (ws / ".pgrank.lock").exists()
 
 
-def _artifact(project: Path, mirror: Path, tiny_model_dir: Path, max_seq_length: int = 64) -> Path:
-    """The corpus-embedding folder the demo's mining will build (model key, length, corpus checksum)."""
+def _artifact(project: Path, mirror: Path, sets: list[str]) -> Path:
+    """The corpus-embedding folder the demo's mining will build with ``sets``: the key of the model under its
+    inference backend (the demo's is ONNX int8, keyed by instruction set), the length, the corpus checksum."""
     from pgrank.config import load_params
+    from pgrank.models.backends import effective_backend, embedding_key
     from pgrank.models.names import resolve_model
     from pgrank.paths import Paths
 
-    params = load_params(project / "params.yaml", [f"models.aliases.minilm={tiny_model_dir}"], "demo")
+    params = load_params(project / "params.yaml", sets, "demo")
     with zipfile.ZipFile(mirror / "scifact.zip") as zf:
         sha = hashlib.sha256(zf.read("scifact/corpus.jsonl")).hexdigest()
+    ref = resolve_model(params.mine.model, params.models)
     return Paths.from_config(params.paths, base=project).corpus_embeddings(
-        resolve_model("minilm", params.models).key, max_seq_length, sha)
+        embedding_key(ref, effective_backend(ref, params.models)), params.mine.max_seq_length, sha)
 
 
 @pytest.mark.slow  # two shrunk pipelines side by side: minutes on CI's 2 cores
@@ -105,7 +108,7 @@ def test_two_profiles_at_once_write_shared_datasets_and_embeddings_once(tmp_path
     (project / "profiles" / "other.yaml").write_text(yaml.safe_dump({**demo, "paths": {"root": "runs/other"}}))
     mirror = sliced_scifact_mirror(beir_mirror / "scifact.zip", tmp_path / "mirror")
     sets = shrunk_overrides(tiny_model_dir) + ["mine.chunk_size=64"]
-    dataset, artifact = project / "data" / "beir" / "scifact", _artifact(project, mirror, tiny_model_dir)
+    dataset, artifact = project / "data" / "beir" / "scifact", _artifact(project, mirror, sets)
     trace = tmp_path / "trace"
     trace.mkdir()
     logs = {name: tmp_path / f"{name}.log" for name in ("demo", "other")}
