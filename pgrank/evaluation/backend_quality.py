@@ -57,9 +57,9 @@ def compare_backends(params: Params, paths: Paths, model: str, eval_sets: Sequen
     """
     from pgrank.data.corpus_store import open_corpus
     from pgrank.evaluation.stage import evaluate
-    from pgrank.models.backends import embedding_key, load_inference_encoder
+    from pgrank.models.backends import load_inference_encoder
     from pgrank.models.names import resolve_model
-    from pgrank.retrieval.dense.corpus_embeddings import model_corpus_embeddings
+    from pgrank.retrieval.dense.corpus_embeddings import corpus_embedding_folder, model_corpus_embeddings
 
     cfg = params.evaluate
     out = []
@@ -73,12 +73,13 @@ def compare_backends(params: Params, paths: Paths, model: str, eval_sets: Sequen
         for eval_set in eval_sets:
             dataset = eval_set.partition("/")[0]
             store = open_corpus(paths, dataset)
-            built = (paths.corpus_embeddings(embedding_key(ref, backend), cfg.max_seq_length, store.sha256)
-                     / "meta.json").is_file()
+            built = (corpus_embedding_folder(ref, backend, paths, max_seq_length=cfg.max_seq_length,
+                                             corpus_sha256=store.sha256) / "meta.json").is_file()
             start = time.perf_counter()
             model_corpus_embeddings(ref, p.models, paths, store, max_seq_length=cfg.max_seq_length,
                                     batch_size=cfg.batch_size, chunk_size=p.mine.chunk_size,
-                                    load_model=lambda encoder=encoder: encoder, show_progress=False)
+                                    load_model=lambda encoder=encoder: encoder, backend=backend,
+                                    show_progress=False)
             encode_seconds = 0.0 if built else time.perf_counter() - start
             [result] = evaluate(p, where, model, eval_set, stages=["first_stage"])
             out.append(BackendScore(backend, eval_set, float(result.metrics["ndcg@10"]), len(store),

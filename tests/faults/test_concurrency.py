@@ -88,16 +88,18 @@ def _artifact(project: Path, mirror: Path, sets: list[str]) -> Path:
     """The corpus-embedding folder the demo's mining will build with ``sets``: the key of the model under its
     inference backend (the demo's is ONNX int8, keyed by instruction set), the length, the corpus checksum."""
     from pgrank.config import load_params
-    from pgrank.models.backends import effective_backend, embedding_key
+    from pgrank.models.backends import effective_backend
     from pgrank.models.names import resolve_model
     from pgrank.paths import Paths
+    from pgrank.retrieval.dense.corpus_embeddings import corpus_embedding_folder
 
     params = load_params(project / "params.yaml", sets, "demo")
     with zipfile.ZipFile(mirror / "scifact.zip") as zf:
         sha = hashlib.sha256(zf.read("scifact/corpus.jsonl")).hexdigest()
     ref = resolve_model(params.mine.model, params.models)
-    return Paths.from_config(params.paths, base=project).corpus_embeddings(
-        embedding_key(ref, effective_backend(ref, params.models)), params.mine.max_seq_length, sha)
+    paths = Paths.from_config(params.paths, base=project)
+    return corpus_embedding_folder(ref, effective_backend(ref, params.models), paths,
+                                   max_seq_length=params.mine.max_seq_length, corpus_sha256=sha)
 
 
 @pytest.mark.slow  # two shrunk pipelines side by side: minutes on CI's 2 cores

@@ -263,14 +263,19 @@ def test_dense_mining_with_real_minilm_on_a_scifact_slice(scifact, tmp_path, mon
     sets = read_run(paths.candidates("slice", "test"))
     assert len(sets) == 20 and all(len(docs) == 50 for docs in sets.values())
     assert all(set(qrels[q]) <= set(sets[q]) for q in qids)
+    from pgrank.data.corpus_store import open_corpus
     from pgrank.models.backends import effective_backend, embedding_key
     from pgrank.models.names import resolve_model
     from pgrank.paths import slug
+    from pgrank.retrieval.dense.corpus_embeddings import corpus_embedding_folder
 
     [artifact] = [p for p in (tmp_path / "embeddings").iterdir() if p.name != "exports"]  # exports: ONNX backends
     ref = resolve_model("minilm", params.models)
-    key = embedding_key(ref, effective_backend(ref, params.models))  # this machine's auto backend
+    backend = effective_backend(ref, params.models)  # this machine's auto backend
+    key = embedding_key(ref, backend)
     assert artifact.name.startswith(f"{slug(key)}--L128--") and key.startswith("sentence-transformers/all-MiniLM-L6-v2")
+    assert artifact == corpus_embedding_folder(ref, backend, paths, max_seq_length=128,
+                                               corpus_sha256=open_corpus(paths, "slice").sha256)
     assert len(list(artifact.glob("shard-*.npy"))) == 3
     # MiniLM's own top 10 is good on this easy slice (the full-corpus figure is about 0.645).
     top10 = {q: dict(list(docs.items())[:10]) for q, docs in sets.items()}

@@ -259,6 +259,16 @@ def _build(load_model, model_key, num_docs: int, texts, folder: Path, *, corpus_
     return open_corpus_embeddings(folder)
 
 
+def corpus_embedding_folder(ref, backend: str, paths, *, max_seq_length: int,
+                            corpus_sha256: str) -> Path:
+    """The folder of model ``ref``'s embeddings of a corpus under ``backend`` (as
+    :func:`pgrank.models.backends.effective_backend` resolves it): one artifact per model and backend
+    (:func:`pgrank.models.backends.embedding_key`), length and corpus checksum. ``paths``: :class:`pgrank.paths.Paths`."""
+    from pgrank.models.backends import embedding_key
+
+    return paths.corpus_embeddings(embedding_key(ref, backend), max_seq_length, corpus_sha256)
+
+
 def model_corpus_embeddings(
     ref,
     models,
@@ -269,6 +279,7 @@ def model_corpus_embeddings(
     batch_size: int,
     chunk_size: int,
     load_model: Callable[[], "SentenceTransformer"] | None = None,
+    backend: str | None = None,
     show_progress: bool = True,
 ) -> CorpusEmbeddings:
     """The artifact of model ``ref`` over a corpus, built on first use (mining, training and evaluation
@@ -280,13 +291,15 @@ def model_corpus_embeddings(
         store: the dataset's corpus store (:func:`pgrank.data.corpus_store.open_corpus`).
         load_model: returns the encoder (default: ``ref`` under its inference backend,
             :func:`pgrank.models.backends.load_inference_encoder`; the artifact is keyed by the backend).
+        backend: the model's backend where the caller has resolved it already (default:
+            :func:`pgrank.models.backends.effective_backend`).
     """
     from pgrank.models.backends import effective_backend, embedding_key, load_inference_encoder
 
     sha = store.sha256
-    backend = effective_backend(ref, models)
+    backend = backend or effective_backend(ref, models)
     key = embedding_key(ref, backend)  # fp32 and bf16 / int8 embeddings are separate artifacts
-    folder = paths.corpus_embeddings(key, max_seq_length, sha)
+    folder = corpus_embedding_folder(ref, backend, paths, max_seq_length=max_seq_length, corpus_sha256=sha)
     loader = load_model or (lambda: load_inference_encoder(ref, models, paths, max_seq_length=max_seq_length,
                                                            backend=backend)[0])
     return build_corpus_embeddings(loader, key, store, folder, corpus_sha256=sha,

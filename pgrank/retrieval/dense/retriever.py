@@ -92,10 +92,11 @@ class DenseRetriever:
     def __init__(self, params: Params, paths: Paths, system: DenseSystem, dataset: str, *,
                  max_seq_length: int, batch_size: int, progress: bool = False, candidates: np.ndarray | None = None):
         from pgrank.data.corpus_store import open_corpus
-        from pgrank.models.backends import effective_backend, embedding_key
+        from pgrank.models.backends import effective_backend
         from pgrank.models.names import resolve_model
         from pgrank.retrieval.dense.corpus_embeddings import (
             SubsetEmbeddings,
+            corpus_embedding_folder,
             model_corpus_embeddings,
         )
 
@@ -109,8 +110,9 @@ class DenseRetriever:
             resolve_model(system.query_model, params.models)
         self.store = open_corpus(paths, dataset, progress=progress)
         self.doc_ids = self.store.ids
-        key = embedding_key(document_ref, effective_backend(document_ref, params.models))
-        artifact = paths.corpus_embeddings(key, max_seq_length, self.store.sha256)
+        backend = effective_backend(document_ref, params.models)
+        artifact = corpus_embedding_folder(document_ref, backend, paths, max_seq_length=max_seq_length,
+                                           corpus_sha256=self.store.sha256)
         if candidates is not None and not (artifact / "meta.json").is_file():
             self.emb = SubsetEmbeddings(self._document_model(), self.store, candidates, paths.embeddings,
                                         batch_size=batch_size, chunk_size=params.mine.chunk_size, show_progress=progress)
@@ -118,7 +120,7 @@ class DenseRetriever:
             self.emb = model_corpus_embeddings(
                 document_ref, params.models, paths, self.store, max_seq_length=max_seq_length, batch_size=batch_size,
                 chunk_size=params.mine.chunk_size, load_model=self._model if self._same_model else None,
-                show_progress=progress)
+                backend=backend, show_progress=progress)
 
     @property
     def _same_model(self) -> bool:
