@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import bisect
 import hashlib
-import json
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from pgrank.atomic import atomic_path, write_json
+from pgrank.data.artifact_meta import read_meta
 from pgrank.data.columns import Appender, StringColumn, open_array, open_raw, write_strings
 from pgrank.data.corpus_store import CorpusStore
 from pgrank.data.runs import ranked, write_run
@@ -86,16 +86,8 @@ def open_candidate_store(folder: str | Path) -> CandidateStore:
         DataError: no store there (mining has not run), or an incomplete or foreign one.
     """
     folder = Path(folder)
-    meta_path = folder / "meta.json"
-    if not meta_path.is_file():
-        raise DataError(f"{folder}: no candidate sets (no meta.json); run `pgrank mine` first")
-    try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise DataError(f"{meta_path}: not valid JSON ({exc}; a damaged store); mine again") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        found = meta.get("format") if isinstance(meta, dict) else None
-        raise DataError(f"{meta_path}: format {found!r}, expected {FORMAT!r}")
+    meta = read_meta(folder, FORMAT, missing="no candidate sets (no meta.json); run `pgrank mine` first",
+                     remedy="mine again", keys=("pairs",))
     pairs = int(meta["pairs"])
     for name, dtype in (("rows.i32", ROW_DTYPE), ("grades.i8", GRADE_DTYPE)):  # a short file cannot be mapped
         size, expected = _size(folder / name), pairs * np.dtype(dtype).itemsize

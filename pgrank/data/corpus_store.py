@@ -44,6 +44,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from pgrank.atomic import atomic_path, write_json
+from pgrank.data.artifact_meta import read_meta
 from pgrank.data.beir import TEXT_SEP, first_line_of, parse_record, string_field
 from pgrank.data.checksums import corpus_sha256
 from pgrank.data.columns import StringColumn, open_array
@@ -158,9 +159,8 @@ class CorpusStore:
 def open_corpus_store(folder: str | Path, corpus_file: str | Path) -> CorpusStore:
     """Open a built store (``meta.json`` present) over ``corpus_file``."""
     folder = Path(folder)
-    meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
-    if meta.get("format") != FORMAT:
-        raise DataError(f"{folder / 'meta.json'}: format {meta.get('format')!r}, expected {FORMAT!r}")
+    meta = read_meta(folder, FORMAT, missing="not a complete corpus store (no meta.json)",
+                     remedy=f"delete {folder} and the next stage builds it again", keys=("num_docs", "corpus_sha256"))
     store = CorpusStore(
         folder, Path(corpus_file), StringColumn.open(folder, "ids"), open_array(folder / "line_offsets.npy"),
         open_array(folder / "id_ranks.npy"), open_array(folder / "id_order.npy"), open_array(folder / "id_hashes.npy"),

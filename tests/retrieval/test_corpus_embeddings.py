@@ -68,6 +68,16 @@ def test_artifact_layout_and_reader(tmp_path, tiny):
     np.testing.assert_allclose(full, direct, rtol=2e-3, atol=2e-3)
 
 
+def test_a_damaged_meta_is_a_data_error_that_says_to_encode_again(tmp_path, tiny):
+    build(tmp_path / "emb", tiny)
+    meta = json.loads((tmp_path / "emb" / "meta.json").read_text())
+    del meta["dim"]
+    (tmp_path / "emb" / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(DataError, match=r"emb/meta.json: no 'dim'; a damaged artifact: delete .*emb and the next "
+                                        r"stage encodes the corpus again"):
+        open_corpus_embeddings(tmp_path / "emb")
+
+
 def test_complete_artifact_is_reused_without_loading_the_model(tmp_path, tiny):
     first = build(tmp_path / "emb", tiny)
 

@@ -43,6 +43,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from pgrank.atomic import atomic_path, clear_stale_lock, exclusive, lock_file, write_json
+from pgrank.data.artifact_meta import read_meta
 from pgrank.data.beir import document_text
 from pgrank.data.corpus_store import CorpusStore
 from pgrank.errors import DataError
@@ -121,12 +122,9 @@ def open_corpus_embeddings(folder: str | Path) -> CorpusEmbeddings:
         DataError: the folder is missing or incomplete (no ``meta.json``: encoding never finished).
     """
     folder = Path(folder)
-    meta_path = folder / "meta.json"
-    if not meta_path.is_file():
-        raise DataError(f"{folder}: not a complete corpus-embedding artifact (no meta.json); run `pgrank mine` to build it")
-    meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    if meta.get("format") != FORMAT:
-        raise DataError(f"{meta_path}: format {meta.get('format')!r}, expected {FORMAT!r}")
+    meta = read_meta(folder, FORMAT, missing="not a complete corpus-embedding artifact (no meta.json); run `pgrank mine` "
+                     "to build it", remedy=f"delete {folder} and the next stage encodes the corpus again",
+                     keys=("num_docs", "dim", "chunk_size"))
     return CorpusEmbeddings(folder, int(meta["num_docs"]), int(meta["dim"]), int(meta["chunk_size"]), meta)
 
 

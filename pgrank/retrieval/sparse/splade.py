@@ -29,9 +29,9 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from pgrank.atomic import atomic_path, write_json
+from pgrank.data.artifact_meta import read_meta
 from pgrank.data.corpus_store import CorpusStore
 from pgrank.data.runs import top_k
-from pgrank.errors import DataError
 
 log = logging.getLogger(__name__)
 
@@ -121,12 +121,9 @@ class SparseCorpus:
 
 def open_sparse_corpus(folder: str | Path) -> SparseCorpus:
     folder = Path(folder)
-    meta_path = folder / "meta.json"
-    if not meta_path.is_file():
-        raise DataError(f"{folder}: not a complete sparse corpus artifact (no meta.json)")
-    meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    if meta.get("format") != FORMAT:
-        raise DataError(f"{meta_path}: format {meta.get('format')!r}, expected {FORMAT!r}")
+    meta = read_meta(folder, FORMAT, missing="not a complete sparse corpus artifact (no meta.json)",
+                     remedy=f"delete {folder} and the next stage encodes the corpus again",
+                     keys=("num_docs", "vocab", "chunk_size"))
     return SparseCorpus(folder, int(meta["num_docs"]), int(meta["vocab"]), int(meta["chunk_size"]), meta)
 
 
