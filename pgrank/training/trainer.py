@@ -21,7 +21,8 @@ to MLflow from rank 0.
 :func:`train` goes in named steps over one :class:`pgrank.training.run.Run`: :func:`setup` (the data, the
 models from one read of each weight file, :mod:`pgrank.training.warm_start`, the optimizer), :func:`resume`,
 then per epoch :func:`train_epoch` (the updates, :mod:`pgrank.training.step`) and :func:`end_epoch`
-(validation, checkpoints, the selected epoch, the resumable state), and :func:`finish`.
+(validation; the checkpoints, curve and timings of :mod:`pgrank.training.epoch_records`; the resumable state),
+and :func:`finish`.
 """
 
 from __future__ import annotations
@@ -40,15 +41,16 @@ import torch
 from tqdm.auto import tqdm
 
 from pgrank import tracking
-from pgrank.atomic import write_json, write_text
+from pgrank.atomic import write_json
 from pgrank.config import Params
-from pgrank.core.history import DISTANCE, METRIC, alpha, per_query_key, place, scalars, set_key
+from pgrank.core.history import DISTANCE, METRIC, per_query_key, scalars, set_key
 from pgrank.core.objectives import OBJECTIVES
 from pgrank.errors import PgrankError
 from pgrank.paths import Paths, run_key
 from pgrank.training import checkpoints, distributed, selection
 from pgrank.training.weight_space import Anchor
 from pgrank.training.batches import epoch_order, make_batch
+from pgrank.training.epoch_records import keep_epoch, record_time, write_curve
 from pgrank.training.grad_cache import encode
 from pgrank.training.run import Run, open_data
 from pgrank.training.step import TrainingError, accumulate_gradients
@@ -151,7 +153,7 @@ def resume(run: Run) -> None:
     run.no_sync = distributed.no_sync(run.forward)
 
 
-# --------------------------------------------------------------------------------------- validation, selection
+# --------------------------------------------------------------------------------------- validation
 
 
 def validated(run: Run) -> dict:
@@ -170,52 +172,6 @@ def validated(run: Run) -> dict:
         metrics = validate(model, vs.examples, vs.qrels, run.params, frozen=vs.frozen, corpus=vs.corpus, world=run.world)
         row.update({set_key(vs.name, k): v for k, v in metrics.items()})
     return row
-
-
-def write_checkpoint(run: Run, folder: Path, epoch: int, **extra) -> None:
-    """The policy as a sentence-transformers checkpoint (``tower: query``: with the frozen document side)."""
-    cfg, model = run.cfg, run.models.policy
-    meta = {"warm_start": run.warm_start, "warm_start_model": run.ref.key, "objective": run.objective, "run": run.name,
-            "tower": cfg.tower,
-            "epoch": epoch, "similarity": cfg.similarity, "fingerprint": run.fingerprint, **extra,
-            "document_encoder": run.doc_ref.key if cfg.tower == "query" else None}
-    doc_model = None
-    if cfg.tower == "query":
-        doc_model = run.models.documents()
-        model[0].max_seq_length = cfg.max_query_length
-    checkpoints.save_model(model, folder, meta, document_model=doc_model)
-    if cfg.tower == "query":
-        model[0].max_seq_length = cfg.max_doc_length
-
-
-def keep_epoch(run: Run, epoch: int) -> None:
-    """Save a validated epoch: as ``epoch-E/`` when ``train.keep_epochs`` keeps it (and the last), and as
-    ``selected/`` when a selection rule other than ``last`` changes its choice to it, to one of its mixtures with
-    the warm start, or back to the warm start."""
-    cfg = run.cfg
-    if not run.world.is_main:
-        return
-    if epoch in cfg.keep_epochs or epoch == cfg.epochs:
-        write_checkpoint(run, run.paths.checkpoint(run.warm_start, epoch, run.name), epoch)
-    if cfg.selection.rule == "last":
-        return
-    history, sets = run.state.history, cfg.validation_sets
-    chosen = selection.select_row(history, sets, cfg.selection)
-    earlier = [row for row in history if row["epoch"] < epoch]
-    if earlier and place(selection.select_row(earlier, sets, cfg.selection)) == place(chosen):
-        return  # selected/ holds it already
-    if chosen["epoch"] not in (epoch, 0):
-        return  # the rules change their choice only to a row of this epoch, or back to the warm start
-    # The warm start, which the one-standard-error rule can come back to after training, is the anchor's weights.
-    weight = alpha(chosen) if chosen["epoch"] == epoch else 0.0
-    folder = run.paths.selected_checkpoint(run.warm_start, run.name)
-    meta = {"selected_by": cfg.selection.rule, **({} if alpha(chosen) == 1.0 else {"alpha": alpha(chosen)})}
-    if weight == 1.0:
-        write_checkpoint(run, folder, chosen["epoch"], **meta)
-    else:
-        with run.anchor.interpolated(run.models.policy, weight):
-            write_checkpoint(run, folder, chosen["epoch"], **meta)
-
 
 
 def validate_mixtures(run: Run, epoch: int, tracker) -> None:
@@ -300,8 +256,8 @@ def end_epoch(run: Run, epoch: int, means: dict, seconds: float, curve: list[dic
         state.mlflow_run_id = tracker.info.run_id if tracker is not None else None
         state.curve += curve  # the state holds the whole curve: DVC deletes curve.csv before a rerun
         log_dir = paths.training_log(run.warm_start, run.name)
-        _write_curve(log_dir / "curve.csv", state.curve)
-        _record_time(paths.timings(run.warm_start, run.name), epoch, seconds, run.world.size, run.device)
+        write_curve(log_dir / "curve.csv", state.curve)
+        record_time(paths.timings(run.warm_start, run.name), epoch, seconds, run.world.size, run.device)
         checkpoints.save_state(paths.train_state(run.warm_start, run.name), run.models.policy, state)
     distributed.barrier(run.world)
 
@@ -328,7 +284,7 @@ def finish(run: Run, tracker) -> TrainResult:
     version = None
     if run.world.is_main:
         log_dir = paths.training_log(run.warm_start, run.name)
-        _write_curve(log_dir / "curve.csv", state.curve)  # also when resumed at the end
+        write_curve(log_dir / "curve.csv", state.curve)  # also when resumed at the end
         write_json(log_dir / "history.json", state.history)
         if tracker is not None:
             tracking.log_artifact(tracker, str(log_dir / "history.json"))
@@ -394,23 +350,3 @@ def train(params: Params, paths: Paths, warm_start: str, *, objective: str = "pg
         result = finish(run, tracker)
     distributed.teardown(run.world)
     return result
-
-
-def _record_time(path: Path, epoch: int, seconds: float, processes: int, device) -> None:
-    """Add one epoch's wall time to ``Paths.timings`` (a resumed run keeps the epochs measured before)."""
-    try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError):
-        record = {}
-    epochs = {k: v for k, v in record.get("epoch_seconds", {}).items() if int(k) < epoch}
-    epochs[str(epoch)] = round(seconds, 3)
-    write_json(path, {"epoch_seconds": epochs, "processes": processes, "device": str(device),
-                      "threads": torch.get_num_threads()})
-
-
-def _write_curve(path: Path, points: list[dict]) -> None:
-    """Write ``curve.csv`` atomically: every per-step point of the finished epochs, from the trainer state."""
-    header = "step,epoch,loss,utility,grad_norm,entropy\n"
-    rows = "".join(f"{p['step']},{p['epoch']},{p['loss']:.8g},{p['utility']:.8g},{p['grad_norm']:.8g},{p['entropy']:.8g}\n"
-                   for p in points)
-    write_text(path, header + rows)
