@@ -39,6 +39,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -69,6 +70,7 @@ _OUTPUT = "sentence_embedding"
 ONNX_MAX_WEIGHT_BYTES = 2**31
 
 
+@functools.cache  # read once per process: every backend resolution and int8 key asks for them
 def cpu_flags() -> frozenset[str]:
     """The CPU's feature flags from ``/proc/cpuinfo`` (empty where there is none)."""
     try:
