@@ -40,9 +40,10 @@ def read_meta(folder: str | Path, fmt: str, *, missing: str, remedy: str, keys: 
         meta = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as exc:
         raise DataError(f"{path}: not valid JSON ({exc}); a damaged artifact: {remedy}") from None
-    if not isinstance(meta, dict) or meta.get("format") != fmt:
-        found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
-        raise DataError(f"{path}: format {found!r}, expected {fmt!r}; {remedy}")
+    if not isinstance(meta, dict):
+        raise DataError(f"{path}: a JSON {type(meta).__name__}, not an object; a damaged artifact: {remedy}")
+    if meta.get("format") != fmt:
+        raise DataError(f"{path}: format {meta.get('format')!r}, expected {fmt!r}; {remedy}")
     absent = [key for key in keys if key not in meta]
     if absent:
         raise DataError(f"{path}: no {', '.join(map(repr, absent))}; a damaged artifact: {remedy}")

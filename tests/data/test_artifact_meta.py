@@ -30,7 +30,7 @@ def test_a_complete_artifact_gives_its_meta(tmp_path):
     (None, r"{folder}: nothing built here; run the stage$"),
     ('{"format": "pgrank-exa', r"{meta}: not valid JSON \(.*\); a damaged artifact: run the stage again$"),
     (b"\xff\xfe{}", r"{meta}: not valid JSON \(.*\); a damaged artifact: run the stage again$"),
-    ("[1, 2]", r"{meta}: format 'list', expected 'pgrank-example/1'; run the stage again$"),
+    ("[1, 2]", r"{meta}: a JSON list, not an object; a damaged artifact: run the stage again$"),
     ('{"format": "pgrank-example/2", "num_docs": 3}', r"{meta}: format 'pgrank-example/2', expected 'pgrank-example/1'"),
     ('{"format": "pgrank-example/1"}', r"{meta}: no 'num_docs'; a damaged artifact: run the stage again$"),
 ], ids=["missing", "cut-short", "not-utf8", "not-an-object", "another-format", "entry-missing"])
