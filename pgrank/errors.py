@@ -29,7 +29,12 @@ class DataError(PgrankError):
 
 
 class Stopped(PgrankError):
-    """A signal (SIGINT, SIGTERM, SIGHUP) stopped the run; the exit code is 128 + its number, as a shell reports it."""
+    """A signal (SIGINT, SIGTERM, SIGHUP) stopped the run; the exit code is 128 + its number, as a shell reports it.
+
+    ``dropped`` is set when it was raised inside a finalizer and Python dropped it (:func:`keep_interrupts`),
+    so that the signal handler that raised it raises it again when the signal is sent once more."""
+
+    dropped = False
 
     def __init__(self, signum: int, message: str):
         super().__init__(message)
@@ -58,18 +63,24 @@ RESEND_DELAY_S = 0.05
 
 
 def keep_interrupts() -> None:
-    """Ctrl-C is never lost in a finalizer: a ``KeyboardInterrupt`` that lands while Python runs an object's
-    ``__del__`` (GitPython's ``Repo`` that MLflow opens, say) is printed as "Exception ignored" and dropped, and the
-    process would go on as if never stopped. Installed once per process (the CLI does it), this hook drops that
-    report and sends SIGINT again from a helper thread once the hook has returned, so the interrupt reaches the code
-    that was running (were it sent at once, it could land in this hook, and be dropped again)."""
+    """A stop is never lost in a finalizer: a ``KeyboardInterrupt`` (Ctrl-C) or a :class:`Stopped` (a stop signal
+    to ``pgrank repro`` while no DVC runs) that lands while Python runs an object's ``__del__`` (GitPython's
+    ``Repo`` that MLflow opens, say) is printed as "Exception ignored" and dropped, and the process would go on as
+    if never stopped. Installed once per process (the CLI does it), this hook drops that report, marks a
+    :class:`Stopped` ``dropped``, and sends its signal (SIGINT for Ctrl-C) again from a helper thread once the hook
+    has returned, so the stop reaches the code that was running (were it sent at once, it could land in this hook,
+    and be dropped again)."""
     previous = sys.unraisablehook
     if getattr(previous, "keeps_interrupts", False):
         return
 
     def hook(unraisable) -> None:
-        if unraisable.exc_type is not None and issubclass(unraisable.exc_type, KeyboardInterrupt):
-            again = threading.Timer(RESEND_DELAY_S, os.kill, (os.getpid(), signal.SIGINT))
+        if unraisable.exc_type is not None and issubclass(unraisable.exc_type, (KeyboardInterrupt, Stopped)):
+            signum = signal.SIGINT
+            if isinstance(unraisable.exc_value, Stopped):
+                unraisable.exc_value.dropped = True
+                signum = unraisable.exc_value.signum
+            again = threading.Timer(RESEND_DELAY_S, os.kill, (os.getpid(), signum))
             again.daemon = True
             again.start()
             return

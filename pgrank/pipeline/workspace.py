@@ -216,6 +216,7 @@ class _Stopping:
         self._starting = False
         self._timer: threading.Timer | None = None
         self._previous: dict = {}
+        self._raised: Stopped | None = None
 
     def __enter__(self) -> _Stopping:
         if threading.current_thread() is not threading.main_thread():
@@ -236,8 +237,11 @@ class _Stopping:
         first, self.signum = self.signum is None, self.signum or signum
         if self._group is not None:
             self._stop_group()
-        elif first and not self._starting:  # a later signal finds the stop under way: nothing more to do
-            raise self.stopped()
+        elif (first or (self._raised is not None and self._raised.dropped)) and not self._starting:
+            # a later signal finds the stop under way: nothing more to do, unless a finalizer dropped it
+            # (pgrank/errors.py keep_interrupts sends the signal again)
+            self._raised = self.stopped()
+            raise self._raised
 
     def _stop_group(self) -> None:
         if self._timer is not None:  # a second signal: no more grace

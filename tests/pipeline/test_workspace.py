@@ -3,7 +3,11 @@ path a profile gives relative to the params file must mean the same file there."
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -44,3 +48,36 @@ def test_stages_run_this_interpreters_dvc_and_pgrank_even_when_its_environment_i
     env = stage_environment({"EXTRA": "1"})
     assert env["PATH"].split(os.pathsep) == [scripts, "/opt/other/bin", "/usr/bin"]
     assert "PGRANK_PROFILE" not in env and env["EXTRA"] == "1"
+
+
+# A stop signal to `pgrank repro` while no DVC runs raises Stopped at once; here it lands while an object's
+# __del__ runs (the signal is raised from inside it, so the timing is exact), where Python would drop it.
+STOPPED_IN_A_FINALIZER = """
+import signal, time
+from pgrank.errors import Stopped, keep_interrupts
+from pgrank.pipeline.workspace import _Stopping
+{setup}
+class Finalized:
+    def __del__(self):
+        signal.raise_signal(signal.SIGTERM)
+
+try:
+    with _Stopping("the pipeline"):
+        Finalized()
+        time.sleep(3)
+    print("ran on")
+except Stopped as stop:
+    print("stopped", stop.exit_code)
+"""
+
+
+@pytest.mark.parametrize("mode", ["kept", "python's default"])
+def test_a_stop_signal_that_lands_in_a_finalizer_still_stops_the_pipeline_once_interrupts_are_kept(mode):
+    script = STOPPED_IN_A_FINALIZER.format(setup="keep_interrupts()" if mode == "kept" else "")
+    run = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    if mode == "kept":
+        assert run.stdout.strip() == "stopped 143", run.stderr  # 128 + SIGTERM, as a shell reports it
+        assert "Exception ignored" not in run.stderr and "Traceback" not in run.stderr, run.stderr
+    else:  # what the hook is for: without it the stop is reported, dropped, and the pipeline runs on
+        assert run.stdout.strip() == "ran on"
+        assert "Exception ignored" in run.stderr and "Stopped: stopped by SIGTERM" in run.stderr
