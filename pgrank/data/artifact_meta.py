@@ -1,9 +1,10 @@
 """The ``meta.json`` of a folder artifact (a corpus or candidate store, corpus embeddings, a sparse corpus).
 
 Every such folder is written with its ``meta.json`` last (:mod:`pgrank.atomic`), so the file's presence means
-the artifact is complete, and its ``format`` names the layout of the files beside it. :func:`read_meta` is the
-one reader: a missing, damaged or foreign ``meta.json`` is a :class:`pgrank.errors.DataError` that names the
-file and says what to do, never a traceback.
+the artifact is complete, and its ``format`` names the layout of the files beside it. :data:`META` is the file's
+one name, for every folder artifact's writer and completeness check (a BM25 index and an ONNX export too), and
+:func:`read_meta` the stores', embeddings' and sparse corpora's reader: a missing, damaged or foreign ``meta.json``
+is a :class:`pgrank.errors.DataError` that names the file and says what to do, never a traceback.
 
 Example:
     >>> meta = read_meta(folder, "pgrank-corpus-embeddings/1", missing="no corpus embeddings; run `pgrank mine`",

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from pgrank.atomic import atomic_path, write_json
-from pgrank.data.artifact_meta import read_meta
+from pgrank.data.artifact_meta import META, read_meta
 from pgrank.data.columns import Appender, StringColumn, open_array, open_raw, write_strings
 from pgrank.data.corpus_store import CorpusStore
 from pgrank.data.runs import ranked, write_run
@@ -112,7 +112,7 @@ def _size(path: Path) -> int | None:
 def open_candidates(paths: Paths, dataset: str, split: str, training: bool = False) -> CandidateStore:
     """The candidate store of ``dataset/split`` (``Paths.candidate_store``)."""
     folder = paths.candidate_store(dataset, split, training)
-    if not (folder / "meta.json").is_file():
+    if not (folder / META).is_file():
         flag = "--training" if training or folder.parent.parent.name == "training-sets" else f"--dataset {dataset}"
         raise DataError(f"{folder}: no candidate sets for {dataset}/{split}; run `pgrank mine {flag}`")
     return open_candidate_store(folder)
@@ -168,7 +168,7 @@ class CandidateStoreWriter:
             write_strings(self.tmp, "queries", self._queries)
             np.save(self.tmp / "offsets.npy", np.asarray(self._offsets, dtype=np.int64))
             sizes = np.diff(self._offsets)
-            write_json(self.tmp / "meta.json", {
+            write_json(self.tmp / META, {
                 **self.meta, "format": FORMAT, "queries": len(self._qids), "pairs": int(self._rows.count),
                 "min_size": int(sizes.min()) if len(sizes) else 0, "max_size": int(sizes.max()) if len(sizes) else 0,
                 "rows": ROW_DTYPE, "grades": GRADE_DTYPE, "sha256": self._sha.hexdigest()})

@@ -44,7 +44,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from pgrank.atomic import atomic_path, write_json
-from pgrank.data.artifact_meta import read_meta
+from pgrank.data.artifact_meta import META, read_meta
 from pgrank.data.beir import TEXT_SEP, first_line_of, parse_record, string_field
 from pgrank.data.checksums import corpus_sha256
 from pgrank.data.columns import StringColumn, open_array
@@ -240,7 +240,7 @@ def build_corpus_store(corpus_file: str | Path, folder: str | Path, *, dataset: 
         np.save(tmp / "id_order.npy", order)
         np.save(tmp / "id_hashes.npy", hash_values[hash_order])
         np.save(tmp / "id_hash_rows.npy", hash_order.astype(np.int64))
-        write_json(tmp / "meta.json", {"format": FORMAT, "dataset": dataset, "corpus_sha256": corpus_sha256,
+        write_json(tmp / META, {"format": FORMAT, "dataset": dataset, "corpus_sha256": corpus_sha256,
                                        "num_docs": n, "corpus_bytes": pos})
     log.info("%s: corpus store of %d documents -> %s", dataset, n, folder)
     return open_corpus_store(folder, corpus_file)
@@ -270,6 +270,6 @@ def open_corpus(paths: Paths, dataset: str, *, progress: bool = False) -> Corpus
         raise DataError(f"{folder}: dataset {dataset!r} is not downloaded; run `pgrank download {dataset}`")
     sha = corpus_sha256(folder)
     store = paths.corpus_store(dataset, sha)
-    if (store / "meta.json").is_file():
+    if (store / META).is_file():
         return open_corpus_store(store, corpus_file)
     return build_corpus_store(corpus_file, store, dataset=dataset, corpus_sha256=sha, progress=progress)

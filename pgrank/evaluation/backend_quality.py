@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pgrank.config import Params
+from pgrank.data.artifact_meta import META
 from pgrank.paths import Paths
 
 BOUNDS = {"torch": 0.0, "torch-bf16": 0.005, "onnx": 0.005, "onnx-int8": 0.01}
@@ -74,7 +75,7 @@ def compare_backends(params: Params, paths: Paths, model: str, eval_sets: Sequen
             dataset = eval_set.partition("/")[0]
             store = open_corpus(paths, dataset)
             built = (corpus_embedding_folder(ref, backend, paths, max_seq_length=cfg.max_seq_length,
-                                             corpus_sha256=store.sha256) / "meta.json").is_file()
+                                             corpus_sha256=store.sha256) / META).is_file()
             start = time.perf_counter()
             model_corpus_embeddings(ref, p.models, paths, store, max_seq_length=cfg.max_seq_length,
                                     batch_size=cfg.batch_size, chunk_size=p.mine.chunk_size,

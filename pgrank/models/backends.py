@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from pgrank.atomic import atomic_path, exclusive, lock_file, write_json
+from pgrank.data.artifact_meta import META
 from pgrank.data.checksums import file_sha256
 from pgrank.errors import PgrankError
 from pgrank.models.loading import on_cuda
@@ -190,7 +191,7 @@ def _export_key(ref: "ModelRef", backend: str) -> dict:
 
 def _tree_digest(folder: Path) -> dict[str, str]:
     return {p.relative_to(folder).as_posix(): file_sha256(p)
-            for p in sorted(folder.rglob("*")) if p.is_file() and p.name != "meta.json"}
+            for p in sorted(folder.rglob("*")) if p.is_file() and p.name != META}
 
 
 def _features(model: "SentenceTransformer", texts: list[str]) -> dict:
@@ -233,7 +234,7 @@ def _export(model: "SentenceTransformer", key: dict, folder: Path) -> None:
                          extra_options={"DefaultTensorType": 1})  # 1: float, for outputs shape inference cannot type
         graph.unlink()
         file = "model-int8.onnx"
-    write_json(folder / "meta.json", dict(key, file=file, inputs=names, sha256=_tree_digest(folder)))
+    write_json(folder / META, dict(key, file=file, inputs=names, sha256=_tree_digest(folder)))
 
 
 @contextlib.contextmanager
@@ -248,7 +249,7 @@ def warnings_quiet():
 
 def _verified(folder: Path, key: dict) -> dict | None:
     """The export's meta.json if it is complete, for ``key``, and every file matches its SHA-256."""
-    meta_path = folder / "meta.json"
+    meta_path = folder / META
     if not meta_path.is_file():
         return None
     meta = json.loads(meta_path.read_text(encoding="utf-8"))

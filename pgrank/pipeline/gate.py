@@ -41,6 +41,7 @@ import numpy as np
 
 from pgrank.atomic import atomic_path, write_json, write_text
 from pgrank.config import GATE_METRIC, Params
+from pgrank.data.artifact_meta import META
 from pgrank.data.beir import Qrels, load_qrels, load_queries, load_topics, write_qrels
 from pgrank.data.candidate_store import CandidateStore, CandidateStoreWriter, open_candidate_store
 from pgrank.data.columns import StringColumn, write_taken
@@ -209,7 +210,7 @@ def freeze_gate_set(client: MlflowClient, params: Params, paths: Paths, parent_r
                           "data.gate_size (bench/gate_power.py's table says how many queries a gain needs) or "
                           "champion.gate_set: dataset/split")
     store_folder = paths.candidate_store(dataset, GATE)
-    if not (store_folder / "meta.json").is_file():
+    if not (store_folder / META).is_file():
         raise PgrankError(f"{store_folder}: the gate split has no candidate sets; run `pgrank mine --training`")
     tracking.configure(params, paths)  # the run goes to the registry's store
     queries, qrels = load_topics(paths, dataset, GATE)
@@ -238,7 +239,7 @@ def named_gate_set(params: Params, paths: Paths) -> GateSet:
     candidates = None
     if params.champion.stage == "rerank":
         candidates = paths.candidate_store(dataset, split)
-        if not (candidates / "meta.json").is_file():
+        if not (candidates / META).is_file():
             raise PgrankError(f"{candidates}: no candidate sets for the gate set {dataset}/{split}; it must be one of "
                               "data.eval_sets (mined by mine@<dataset>), or set champion.stage: full")
     return GateSet(f"{dataset}/{split}", dataset, queries, qrels, candidates)

@@ -39,6 +39,7 @@ import numpy as np
 
 from pgrank.atomic import atomic_path, write_json
 from pgrank.config import Bm25Config
+from pgrank.data.artifact_meta import META
 from pgrank.data.columns import Appender, open_raw
 from pgrank.data.corpus_store import CorpusStore, open_corpus
 from pgrank.data.runs import from_order_keys, order_keys, top_k
@@ -294,7 +295,7 @@ def build_bm25_index(store: CorpusStore, cfg: Bm25Config, folder: str | Path, *,
         del tokens
         flat.path.unlink()
         retriever.save(str(tmp))
-        write_json(tmp / "meta.json", {"format": FORMAT, "settings": cfg.model_dump(mode="json"), "splitter": SPLITTER,
+        write_json(tmp / META, {"format": FORMAT, "settings": cfg.model_dump(mode="json"), "splitter": SPLITTER,
                                        "corpus_sha256": store.sha256, "num_docs": len(store), "vocabulary": len(vocab)})
     log.info("BM25 index of %d documents, %d terms -> %s", len(store), len(vocab), folder)
     return open_bm25_index(folder, cfg, store)
@@ -320,6 +321,6 @@ def bm25_index(paths: Paths, dataset: str, cfg: Bm25Config, *, store: CorpusStor
     come here, so a corpus is indexed once per settings)."""
     store = store or open_corpus(paths, dataset, progress=progress)
     folder = paths.bm25_index(settings_key(cfg), store.sha256)
-    if (folder / "meta.json").is_file():
+    if (folder / META).is_file():
         return open_bm25_index(folder, cfg, store)
     return build_bm25_index(store, cfg, folder, progress=progress)

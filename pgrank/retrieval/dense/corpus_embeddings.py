@@ -43,7 +43,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from pgrank.atomic import atomic_path, clear_stale_lock, exclusive, lock_file, write_json
-from pgrank.data.artifact_meta import read_meta
+from pgrank.data.artifact_meta import META, read_meta
 from pgrank.data.beir import document_text
 from pgrank.data.corpus_store import CorpusStore
 from pgrank.errors import DataError
@@ -192,7 +192,7 @@ def build_corpus_embeddings(
         (:func:`pgrank.retrieval.dense.encoding.encoding_devices`); otherwise a plain ``encode`` on the model's device.
     """
     folder = Path(folder)
-    if (folder / "meta.json").is_file():
+    if (folder / META).is_file():
         clear_stale_lock(lock_file(folder))  # a holder killed after meta.json was written
         return open_corpus_embeddings(folder)
     num_docs, texts = row_texts(corpus)
@@ -200,7 +200,7 @@ def build_corpus_embeddings(
         raise DataError("cannot embed an empty corpus")
     # paths.embeddings is shared by profiles and stages: one process encodes, the others wait and reuse it.
     with exclusive(lock_file(folder), what=f"the corpus-embedding artifact {folder}"):
-        if (folder / "meta.json").is_file():
+        if (folder / META).is_file():
             return open_corpus_embeddings(folder)
         return _build(load_model, model_key, num_docs, texts, folder, corpus_sha256=corpus_sha256, max_seq_length=max_seq_length,
                       batch_size=batch_size, chunk_size=chunk_size, show_progress=show_progress,
@@ -253,7 +253,7 @@ def _build(load_model, model_key, num_docs: int, texts, folder: Path, *, corpus_
             model.to(home)
 
     meta = dict(plan, format=FORMAT, dim=dim, dtype="float16", num_shards=num_shards)
-    write_json(folder / "meta.json", meta)
+    write_json(folder / META, meta)
     return open_corpus_embeddings(folder)
 
 

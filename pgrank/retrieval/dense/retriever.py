@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pgrank.config import Params
+from pgrank.data.artifact_meta import META
 from pgrank.errors import PgrankError
 from pgrank.paths import Paths, parse_policy_name, split_run_key
 
@@ -113,7 +114,7 @@ class DenseRetriever:
         backend = effective_backend(document_ref, params.models)
         artifact = corpus_embedding_folder(document_ref, backend, paths, max_seq_length=max_seq_length,
                                            corpus_sha256=self.store.sha256)
-        if candidates is not None and not (artifact / "meta.json").is_file():
+        if candidates is not None and not (artifact / META).is_file():
             self.emb = SubsetEmbeddings(self._document_model(), self.store, candidates, paths.embeddings,
                                         batch_size=batch_size, chunk_size=params.mine.chunk_size, show_progress=progress)
         else:

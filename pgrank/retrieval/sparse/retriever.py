@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from pgrank.config import Params
+from pgrank.data.artifact_meta import META
 from pgrank.data.corpus_store import open_corpus
 from pgrank.paths import Paths
 from pgrank.retrieval.sparse.splade import (
@@ -41,7 +42,7 @@ class SparseRetriever:
         self.store = open_corpus(paths, dataset)
         self.doc_ids = self.store.ids
         folder = paths.sparse_corpus(self.ref.key, cfg.max_seq_length, self.store.sha256)
-        if (folder / "meta.json").is_file():
+        if (folder / META).is_file():
             self.corpus = open_sparse_corpus(folder)
         else:
             self.corpus = build_sparse_corpus(self._model, self.ref.key, self.store, folder,

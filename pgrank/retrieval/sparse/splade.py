@@ -29,7 +29,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from pgrank.atomic import atomic_path, write_json
-from pgrank.data.artifact_meta import read_meta
+from pgrank.data.artifact_meta import META, read_meta
 from pgrank.data.corpus_store import CorpusStore
 from pgrank.data.runs import top_k
 
@@ -142,7 +142,7 @@ def build_sparse_corpus(load_model: Callable[[], object], model_key: str, store:
                         show_progress: bool = False) -> SparseCorpus:
     """Encode the corpus into ``folder`` shard by shard (resuming from finished shards); see the module docstring."""
     folder = Path(folder)
-    if (folder / "meta.json").is_file():
+    if (folder / META).is_file():
         return open_sparse_corpus(folder)
     folder.mkdir(parents=True, exist_ok=True)
     plan = {"model": model_key, "max_seq_length": max_seq_length, "corpus_sha256": corpus_sha256,
@@ -170,7 +170,7 @@ def build_sparse_corpus(load_model: Callable[[], object], model_key: str, store:
     if vocab is None:  # every shard was there already
         model = model or load_model()
         vocab = encode_sparse(model, ["x"], task="document", batch_size=1).shape[1]
-    write_json(folder / "meta.json", dict(plan, format=FORMAT, vocab=int(vocab), num_shards=num_shards))
+    write_json(folder / META, dict(plan, format=FORMAT, vocab=int(vocab), num_shards=num_shards))
     return open_sparse_corpus(folder)
 
 
