@@ -234,12 +234,16 @@ class _Stopping:
             self._timer.cancel()
 
     def _handle(self, signum: int, frame) -> None:
+        # A stop that a finalizer dropped comes back as its signal once more (pgrank/errors.py keep_interrupts):
+        # it is raised again, or, if DVC has started meanwhile (and so been stopped), taken as no second signal.
+        resent = self._raised is not None and self._raised.dropped
         first, self.signum = self.signum is None, self.signum or signum
+        if resent:
+            self._raised.dropped = False
         if self._group is not None:
-            self._stop_group()
-        elif (first or (self._raised is not None and self._raised.dropped)) and not self._starting:
-            # a later signal finds the stop under way: nothing more to do, unless a finalizer dropped it
-            # (pgrank/errors.py keep_interrupts sends the signal again)
+            if not resent:
+                self._stop_group()
+        elif (first or resent) and not self._starting:  # a later signal finds the stop under way: nothing to do
             self._raised = self.stopped()
             raise self._raised
 

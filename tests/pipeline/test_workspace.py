@@ -81,3 +81,33 @@ def test_a_stop_signal_that_lands_in_a_finalizer_still_stops_the_pipeline_once_i
     else:  # what the hook is for: without it the stop is reported, dropped, and the pipeline runs on
         assert run.stdout.strip() == "ran on"
         assert "Exception ignored" in run.stderr and "Stopped: stopped by SIGTERM" in run.stderr
+
+
+@pytest.mark.parametrize("dropped", [True, False])
+def test_a_dropped_stop_sent_again_after_dvc_started_is_not_taken_for_a_second_signal(dropped):
+    """Between a finalizer dropping the stop and its signal coming back, DVC may have started, and been stopped
+    with its grace period running. The signal sent again must leave that grace alone; a real second signal ends it
+    (SIGKILL to DVC's process group)."""
+    import signal
+    import threading
+
+    from pgrank.errors import Stopped
+    from pgrank.pipeline.workspace import _Stopping
+
+    group = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    stopping = _Stopping("the pipeline")
+    stopping.signum, stopping._group = signal.SIGTERM, group.pid
+    stopping._timer = threading.Timer(3600, lambda: None)  # the grace period, under way
+    stopping._raised = Stopped(signal.SIGTERM, "stopped")
+    stopping._raised.dropped = dropped
+    try:
+        stopping._handle(signal.SIGTERM, None)
+        if dropped:
+            with pytest.raises(subprocess.TimeoutExpired):
+                group.wait(1)
+            assert not stopping._raised.dropped  # the resend is consumed: a later signal is a second one
+        else:
+            assert group.wait(10) == -signal.SIGKILL
+    finally:
+        group.kill()
+        group.wait()
