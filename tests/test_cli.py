@@ -70,8 +70,8 @@ def test_train_refuses_a_seed_the_params_do_not_list():
 def test_every_command_keeps_a_ctrl_c_that_lands_in_a_finalizer():
     """A stage's Ctrl-C can arrive while Python runs an object's ``__del__``, which would drop it (pgrank/errors.py
     ``keep_interrupts``); once a command has started, the interrupt still reaches the code that runs."""
-    from test_errors import ctrl_c_in_a_finalizer
+    from test_errors import stop_in_a_finalizer
 
-    run = ctrl_c_in_a_finalizer("import cli\ncli.app(['params', 'train'], standalone_mode=False)")
+    run = stop_in_a_finalizer("import cli\ncli.app(['params', 'train'], standalone_mode=False)")
     assert run.stdout.splitlines()[-1] == "interrupted", run.stderr
     assert "Exception ignored" not in run.stderr

@@ -10,31 +10,35 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# An object whose __del__ is running when Ctrl-C arrives (the signal is raised from inside it, so the timing is
-# exact): Python reports the KeyboardInterrupt as "Exception ignored" and drops it. SIGINT's handler is set as under
-# a terminal, even where pytest runs with it ignored.
+# An object whose __del__ is running when a stop signal arrives (the signal is raised from inside it, so the timing
+# is exact): Python reports the exception it raises (Ctrl-C's KeyboardInterrupt, or pgrank's Stopped under a signal
+# handler of its own) as "Exception ignored" and drops it. SIGINT's handler is set as under a terminal, even where
+# pytest runs with it ignored.
 FINALIZED = """
-import signal, time
+import contextlib, signal, time
 signal.signal(signal.SIGINT, signal.default_int_handler)
 {setup}
 class Finalized:
     def __del__(self):
-        signal.raise_signal(signal.SIGINT)
+        signal.raise_signal(signal.{signal})
 
 try:
-    Finalized()
-    time.sleep(3)
+    with {around}:
+        Finalized()
+        time.sleep(3)
     print("ran on")
-except KeyboardInterrupt:
-    print("interrupted")
+except {caught} as stop:
+    print("interrupted", *([stop.exit_code] if hasattr(stop, "exit_code") else []))
 """
 
 
-def ctrl_c_in_a_finalizer(setup: str) -> subprocess.CompletedProcess:
-    """Run ``setup`` (Python, in the checkout), then Ctrl-C inside a finalizer; stdout ends ``interrupted`` when the
-    interrupt reached the running code, ``ran on`` when it was dropped."""
-    return subprocess.run([sys.executable, "-c", FINALIZED.format(setup=setup)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60)
+def stop_in_a_finalizer(setup: str, *, signal: str = "SIGINT", around: str = "contextlib.nullcontext()",
+                        caught: str = "KeyboardInterrupt") -> subprocess.CompletedProcess:
+    """Run ``setup`` (Python, in the checkout), then ``signal`` inside a finalizer, within the context manager
+    ``around``; stdout ends ``interrupted`` (with the exit code of a :class:`pgrank.errors.Stopped`) when the
+    ``caught`` exception reached the running code, ``ran on`` when it was dropped."""
+    script = FINALIZED.format(setup=setup, signal=signal, around=around, caught=caught)
+    return subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
 
 
 KEPT = "from pgrank.errors import keep_interrupts\nkeep_interrupts()\nkeep_interrupts()  # a second call changes nothing"
@@ -42,7 +46,7 @@ KEPT = "from pgrank.errors import keep_interrupts\nkeep_interrupts()\nkeep_inter
 
 @pytest.mark.parametrize("mode", ["kept", "python's default"])
 def test_ctrl_c_during_a_finalizer_interrupts_the_running_code_once_interrupts_are_kept(mode):
-    run = ctrl_c_in_a_finalizer(KEPT if mode == "kept" else "")
+    run = stop_in_a_finalizer(KEPT if mode == "kept" else "")
     if mode == "kept":
         assert run.stdout.strip() == "interrupted", run.stderr
         assert "Exception ignored" not in run.stderr and "Traceback" not in run.stderr, run.stderr

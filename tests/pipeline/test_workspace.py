@@ -3,8 +3,9 @@ path a profile gives relative to the params file must mean the same file there."
 
 from __future__ import annotations
 
+import signal
 import subprocess
-import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -50,33 +51,17 @@ def test_stages_run_this_interpreters_dvc_and_pgrank_even_when_its_environment_i
     assert "PGRANK_PROFILE" not in env and env["EXTRA"] == "1"
 
 
-# A stop signal to `pgrank repro` while no DVC runs raises Stopped at once; here it lands while an object's
-# __del__ runs (the signal is raised from inside it, so the timing is exact), where Python would drop it.
-STOPPED_IN_A_FINALIZER = """
-import signal, time
-from pgrank.errors import Stopped, keep_interrupts
-from pgrank.pipeline.workspace import _Stopping
-{setup}
-class Finalized:
-    def __del__(self):
-        signal.raise_signal(signal.SIGTERM)
-
-try:
-    with _Stopping("the pipeline"):
-        Finalized()
-        time.sleep(3)
-    print("ran on")
-except Stopped as stop:
-    print("stopped", stop.exit_code)
-"""
-
-
 @pytest.mark.parametrize("mode", ["kept", "python's default"])
 def test_a_stop_signal_that_lands_in_a_finalizer_still_stops_the_pipeline_once_interrupts_are_kept(mode):
-    script = STOPPED_IN_A_FINALIZER.format(setup="keep_interrupts()" if mode == "kept" else "")
-    run = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    """A stop signal to `pgrank repro` while no DVC runs raises Stopped at once; here it lands while an object's
+    ``__del__`` runs, where Python would drop it."""
+    from test_errors import stop_in_a_finalizer
+
+    setup = "from pgrank.errors import Stopped, keep_interrupts\nfrom pgrank.pipeline.workspace import _Stopping\n"
+    run = stop_in_a_finalizer(setup + ("keep_interrupts()" if mode == "kept" else ""), signal="SIGTERM",
+                              around='_Stopping("the pipeline")', caught="Stopped")
     if mode == "kept":
-        assert run.stdout.strip() == "stopped 143", run.stderr  # 128 + SIGTERM, as a shell reports it
+        assert run.stdout.strip() == "interrupted 143", run.stderr  # 128 + SIGTERM, as a shell reports it
         assert "Exception ignored" not in run.stderr and "Traceback" not in run.stderr, run.stderr
     else:  # what the hook is for: without it the stop is reported, dropped, and the pipeline runs on
         assert run.stdout.strip() == "ran on"
@@ -88,9 +73,6 @@ def test_a_dropped_stop_sent_again_after_dvc_started_is_not_taken_for_a_second_s
     """Between a finalizer dropping the stop and its signal coming back, DVC may have started, and been stopped
     with its grace period running. The signal sent again must leave that grace alone; a real second signal ends it
     (SIGKILL to DVC's process group)."""
-    import signal
-    import threading
-
     from pgrank.errors import Stopped
     from pgrank.pipeline.workspace import _Stopping
 
