@@ -17,7 +17,7 @@ models', whatever their weights. Everything runs through pgrank's own code paths
 4. **The estimators alone** (``per_rank``, ``whole``, ``plrank3``) at the paper's shape, on random scores: sampling,
    log-probabilities, credit and backward, milliseconds a batch and peak GPU memory.
 5. **One ``tower: both`` step at the paper's shape**: ``train.batch_size`` (220) queries x ``mine.candidates``
-   (1000) candidates, every candidate re-encoded with cached gradients (chunks of ``train.grad_chunk_size``),
+   (1000) candidates, every candidate re-encoded with cached gradients (chunks of ``train.chunk_tokens`` tokens),
    ``train.pg.num_samples`` (5000) rankings per query, the paper's estimator: wall time and peak GPU memory,
    through :func:`pgrank.training.trainer.accumulate_gradients` and an AdamW step, with MS MARCO's passage lengths.
 
@@ -144,19 +144,20 @@ def pool_rates(folder: Path, device: str, batch: int, texts_n: int = 8192) -> li
 def training_rates(folder: Path, device: str, seconds: float, params) -> list[dict]:
     """Forward + backward texts a second of the warm start under ``train.amp``, as cached-gradient chunks run."""
     from pgrank.models.loading import load_encoder
-    from pgrank.training.grad_cache import encode
+    from pgrank.models.packing import run_chunk, text_chunks
 
     cfg = params.train
     model = load_encoder(str(folder), params.models, device=device, max_seq_length=cfg.max_doc_length).train()
     rows = []
-    for task, length, chunk in (("document", cfg.max_doc_length, cfg.grad_chunk_size),
-                                ("document", 80, cfg.grad_chunk_size),  # about MS MARCO's mean passage
-                                ("query", cfg.max_query_length, cfg.grad_chunk_size),
-                                ("query", 12, cfg.grad_chunk_size)):
-        texts = [paper_models.text_of_length(length, seed=i) for i in range(chunk)]
+    for task, length in (("document", cfg.max_doc_length), ("document", 80),  # about MS MARCO's mean passage
+                         ("query", cfg.max_query_length), ("query", 12)):
+        chunk = max(1, min(cfg.chunk_tokens // length, 4096))
+        chunks = text_chunks(model, [paper_models.text_of_length(length, seed=i) for i in range(chunk)], task=task,
+                             max_length=length, budget=cfg.chunk_tokens)  # tokenized untimed, as a step reads ids
 
         def step():
-            encode(model, texts, task=task, max_length=length, amp=cfg.amp).sum().backward()
+            for piece in chunks:
+                run_chunk(model, piece, task=task, amp=cfg.amp).sum().backward()
 
         texts_s = rate(step, chunk, device, seconds)
         model.zero_grad(set_to_none=True)
@@ -177,7 +178,8 @@ def paper_step(folder: Path, device: str, params, queries: int, candidates: int,
 
     from pgrank.data.corpus_store import build_corpus_store
     from pgrank.models.loading import load_encoder
-    from pgrank.training.batches import Example, make_batch
+    from pgrank.training.batches import Example
+    from pgrank.training.step_inputs import prepare_step, scratch_tokens
     from pgrank.training.trainer import accumulate_gradients
 
     rng = np.random.default_rng(0)
@@ -195,16 +197,19 @@ def paper_step(folder: Path, device: str, params, queries: int, candidates: int,
         grades = np.zeros(candidates, dtype=np.int8)
         grades[rng.integers(0, candidates)] = 1
         query = " ".join(vocab[j] for j in rng.integers(0, len(vocab), 6))
-        examples.append(Example(f"q{q}", query, rows, grades))
+        examples.append(Example(f"q{q}", query, rows, grades, q))
     cfg = params.train
     model = load_encoder(str(folder), params.models, device=device, max_seq_length=cfg.max_doc_length).train()
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=cfg.learning_rate)
 
+    tokens = scratch_tokens(params, model, store, [ex.query for ex in examples], work / "tokens")
+
     def step(batch_examples) -> float:
         _sync(device)
         started = time.perf_counter()
-        accumulate_gradients(model, make_batch(batch_examples, device), params, epoch=1, frozen=None, corpus=store)
+        inputs = prepare_step(batch_examples, params, tokens, epoch=1, model=model, device=torch.device(device))
+        accumulate_gradients(model, inputs, params, epoch=1, frozen=None)
         torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -217,7 +222,7 @@ def paper_step(folder: Path, device: str, params, queries: int, candidates: int,
     seconds = step(examples)
     peak = torch.cuda.max_memory_allocated() if device.startswith("cuda") else None
     lengths = [len(t.split()) for t in store.texts(np.arange(0, n_docs, max(1, n_docs // 2000)))]
-    out = {"queries": queries, "candidates": candidates, "documents": n_docs, "grad_chunk_size": cfg.grad_chunk_size,
+    out = {"queries": queries, "candidates": candidates, "documents": n_docs, "chunk_tokens": cfg.chunk_tokens,
            "num_samples": cfg.pg.num_samples, "estimator": cfg.pg.estimator, "amp": cfg.amp,
            "max_doc_length": cfg.max_doc_length, "mean_words": round(float(np.mean(lengths)), 1),
            "seconds": round(seconds, 2), "peak_gib": None if peak is None else round(peak / 2**30, 2)}
@@ -270,7 +275,7 @@ def main() -> None:
     parser.add_argument("--skip", nargs="*", default=[], choices=["encoding", "pool", "training", "estimator", "step"])
     parser.add_argument("--lengths", type=int, nargs="*", default=list(LENGTHS), help="text lengths (tokens) to encode")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="a params.yaml override, e.g. train.grad_chunk_size=512 (repeatable)")
+                        help="a params.yaml override, e.g. train.chunk_tokens=131072 (repeatable)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "gpu.json")
     args = parser.parse_args()
 
@@ -336,7 +341,7 @@ def render(record: dict) -> str:
     if record.get("step"):
         s, e = record["step"], record.get("estimator")
         out += [f"One `tower: both` step, {s['queries']} queries x {s['candidates']} candidates ({s['documents']:,} "
-                f"documents of {s['mean_words']} words on average, chunks of {s['grad_chunk_size']}, {s['num_samples']} "
+                f"documents of {s['mean_words']} words on average, chunks of {s.get('chunk_tokens', s.get('grad_chunk_size'))} tokens, {s['num_samples']} "
                 f"rankings per query, {s['amp']}): **{s['seconds']} s**, peak GPU memory **{s['peak_gib']} GiB**"
                 + (f"; the estimator alone: {e['ms']} ms." if e else ".")]
     return "\n".join(out)

@@ -17,7 +17,8 @@ splade     DistilBERT with its masked-language-model head, SPLADE pooling    nav
 
 Sizes: ``paper`` has the real dimensions (gtr-t5-xl's encoder: d_model 2048, 24 layers, 32 heads, gated-GELU
 feed-forward of 5120, 1.2B parameters; DistilBERT: 6 layers of 768, 66M), for throughput and memory;
-``tiny`` keeps every module but shrinks the widths, for a pipeline that must finish in minutes on a CPU.
+``tiny`` keeps every module but shrinks the widths, for a pipeline that must finish in minutes on a CPU;
+``depth`` keeps the paper models' depth and vocabulary at a width of 8.
 
 The vocabulary is :func:`words`: deterministic pseudo-words (so synthetic text tokenizes into about one
 token per word, as English does with real vocabularies), plus single characters (and WordPiece's
@@ -44,6 +45,12 @@ SIZES = {
     "tiny": {
         "t5": dict(d_model=32, d_ff=64, d_kv=8, num_heads=4, num_layers=2, vocab=4_000, dense=24),
         "distilbert": dict(dim=32, hidden_dim=64, n_layers=2, n_heads=2, vocab=4_000),
+    },
+    # The paper models' depth and vocabulary at a width whose arithmetic costs nearly nothing: what a step costs
+    # beyond its arithmetic (bench/step_overhead.py).
+    "depth": {
+        "t5": dict(d_model=8, d_ff=8, d_kv=4, num_heads=2, num_layers=24, vocab=32_000, dense=8),
+        "distilbert": dict(dim=8, hidden_dim=8, n_layers=6, n_heads=2, vocab=30_522, attention_dropout=0.0),
     },
 }
 KINDS = ("gtr-t5", "sbert", "tas-b", "splade")
@@ -99,7 +106,7 @@ def _distilbert(hf: Path, size: str, *, masked_lm: bool) -> None:
     tokenizer = _wordpiece(hf, dims["vocab"])
     config = DistilBertConfig(vocab_size=len(tokenizer), dim=dims["dim"], hidden_dim=dims["hidden_dim"],
                               n_layers=dims["n_layers"], n_heads=dims["n_heads"], max_position_embeddings=512,
-                              pad_token_id=tokenizer.pad_token_id)
+                              pad_token_id=tokenizer.pad_token_id, attention_dropout=dims.get("attention_dropout", 0.1))
     (DistilBertForMaskedLM if masked_lm else DistilBertModel)(config).save_pretrained(hf, safe_serialization=True)
 
 

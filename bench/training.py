@@ -48,31 +48,22 @@ def _text(rng: random.Random, n: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(n))
 
 
-class _Corpus:
-    """The corpus-store interface the trainer reads for ``tower: both`` (texts by row)."""
-
-    def __init__(self, texts: list[str]):
-        self._texts = texts
-
-    def texts(self, rows) -> list[str]:
-        return [self._texts[int(r)] for r in rows]
-
-
 def _params(profile: str, tower: str, chunk: int, doc_len: int):
     from pgrank.config import load_params
 
     return load_params(ROOT / "params.yaml", [
-        f"train.tower={tower}", f"train.grad_chunk_size={chunk}", f"train.max_doc_length={doc_len}",
+        f"train.tower={tower}", f"train.chunk_tokens={chunk * doc_len}", f"train.max_doc_length={doc_len}",
         "train.warm_starts=[minilm]", "evaluate.systems={dense: [minilm]}", "evaluate.policy_epochs=[]",
         "train.amp=off"], profile=profile or None)
 
 
 def _setup(model_name: str, params, n: int, queries: int, tmp: Path):
-    """(model, batch, frozen documents, corpus, reference policy) for one synthetic batch."""
+    """(model, the step's inputs, frozen documents, reference policy) for one synthetic batch."""
     from pgrank.models.loading import load_encoder
     from pgrank.retrieval.dense.corpus_embeddings import build_corpus_embeddings
-    from pgrank.training.batches import Example, FrozenDocuments, make_batch
+    from pgrank.training.batches import Example, FrozenDocuments
     from pgrank.training.reference import ReferencePolicy
+    from pgrank.training.step_inputs import prepare_step, scratch_tokens
 
     cfg = params.train
     rng = random.Random(0)
@@ -82,7 +73,7 @@ def _setup(model_name: str, params, n: int, queries: int, tmp: Path):
     examples = []
     for b in range(queries):
         rows = np.arange(b * n, (b + 1) * n) if cfg.tower == "both" else np.asarray(rng.sample(range(num_docs), n))
-        examples.append(Example(f"q{b}", _text(rng, 8), rows.astype(np.int64), (np.arange(n) < 2).astype(np.float32)))
+        examples.append(Example(f"q{b}", _text(rng, 8), rows.astype(np.int64), (np.arange(n) < 2).astype(np.float32), b))
     model = load_encoder(model_name, params.models, device="cpu", max_seq_length=cfg.max_doc_length)
     model.train()
     frozen = None
@@ -96,8 +87,9 @@ def _setup(model_name: str, params, n: int, queries: int, tmp: Path):
     if cfg.pg.kl_coef:
         reference = ReferencePolicy(load_encoder(model_name, params.models, device="cpu",
                                                  max_seq_length=cfg.max_doc_length), cfg)
-    texts = _Corpus([doc["text"] for doc in corpus.values()])
-    return model, make_batch(examples), frozen, texts, reference
+    texts = [doc["text"] for doc in corpus.values()]
+    tokens = scratch_tokens(params, model, texts, [ex.query for ex in examples], tmp / "tokens")
+    return model, prepare_step(examples, params, tokens, epoch=1, model=model, device=torch.device("cpu")), frozen, reference
 
 
 def estimator_time(batch, params, repeats: int, reference_scores=None) -> float:
@@ -125,14 +117,15 @@ def step_time(model_name: str, params, n: int, queries: int, repeats: int) -> tu
     from pgrank.training.trainer import accumulate_gradients
 
     with tempfile.TemporaryDirectory() as tmp:
-        model, batch, frozen, corpus, reference = _setup(model_name, params, n, queries, Path(tmp))
+        model, inputs, frozen, reference = _setup(model_name, params, n, queries, Path(tmp))
+        batch = inputs.batch
         best = float("inf")
         for _ in range(repeats + 1):  # the first is a warm-up
             model.zero_grad(set_to_none=True)
             start = time.perf_counter()
-            accumulate_gradients(model, batch, params, epoch=1, frozen=frozen, corpus=corpus, reference=reference)
+            accumulate_gradients(model, inputs, params, epoch=1, frozen=frozen, reference=reference)
             best = min(best, time.perf_counter() - start)
-        ref_scores = None if reference is None else reference.scores(batch, frozen=frozen, corpus=corpus)
+        ref_scores = None if reference is None else reference.scores(inputs, frozen=frozen)
         est = estimator_time(batch, params, repeats, ref_scores)
     return best, est
 
@@ -148,13 +141,13 @@ def memory_child(model_name: str, profile: str, n: int, chunk: int, doc_len: int
 
     params = _params(profile, "both", chunk, doc_len)
     with tempfile.TemporaryDirectory() as tmp:
-        model, batch, _, corpus, reference = _setup(model_name, params, n, 1, Path(tmp))
+        model, inputs, _, reference = _setup(model_name, params, n, 1, Path(tmp))
         import gc
 
         gc.collect()
         before = _rss_kb()
         peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        accumulate_gradients(model, batch, params, epoch=1, frozen=None, corpus=corpus, reference=reference)
+        accumulate_gradients(model, inputs, params, epoch=1, frozen=None, reference=reference)
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     print(json.dumps({"increase_mib": (max(peak, peak_before) - before) / 1024}))
 

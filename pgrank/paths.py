@@ -143,6 +143,11 @@ class Paths:
         """Row access to a corpus without loading it (:mod:`pgrank.data.corpus_store`), keyed by its checksum."""
         return self.data / ".stores" / f"{name}--{corpus_sha256[:16]}"
 
+    def token_store(self, name: str, tokenizer_sha256: str, max_length: int, source_sha256: str) -> Path:
+        """A corpus's or a split's queries' token ids for one tokenizer (:mod:`pgrank.data.token_store`), keyed by
+        the texts' checksum, the tokenizer's identity and the maximum length."""
+        return self.data / ".tokens" / f"{slug(name)}--{tokenizer_sha256[:16]}--L{max_length}--{source_sha256[:16]}"
+
     def dataset_manifest(self, name: str) -> Path:
         """The content fingerprint of a dataset that DVC tracks (the data itself is shared, in ``data``)."""
         return self.root / "datasets" / f"{name}.json"

@@ -40,7 +40,7 @@ COLUMNS = ["BM25", "SBERT", "TAS-B", "SPLADEv2", "PG-Rank with SBERT", "PG-Rank 
 SIZE_KEYS = {
     "paths.root", "paths.data", "paths.embeddings", "data.mirror", "data.validation_size",
     "mine.candidates", "mine.batch_size", "mine.max_seq_length", "mine.chunk_size",
-    "train.epochs", "train.batch_size", "train.max_query_length", "train.max_doc_length", "train.grad_chunk_size",
+    "train.epochs", "train.batch_size", "train.max_query_length", "train.max_doc_length", "train.chunk_tokens",
     "train.keep_epochs", "train.pg.num_samples",
     "evaluate.policy_epochs", "evaluate.top_k", "evaluate.batch_size", "evaluate.max_seq_length",
 }

@@ -54,7 +54,7 @@ def make_project(tmp: Path, model_dir: Path, *, overrides: dict | None = None, c
     doc["mine"].update({"batch_size": 16, "chunk_size": 32})
     doc["train"].update({
         "warm_starts": [str(model_dir)], "tower": "query", "epochs": 2, "batch_size": 6, "learning_rate": 1e-3,
-        "keep_epochs": [0, 1, 2], "max_query_length": 32, "max_doc_length": 32, "grad_chunk_size": 7, "seed": 3,
+        "keep_epochs": [0, 1, 2], "max_query_length": 32, "max_doc_length": 32, "chunk_tokens": 100, "seed": 3,
     })
     doc["train"]["pg"].update({"num_samples": 8})
     for key, value in (overrides or {}).items():
@@ -114,3 +114,17 @@ def training_batch(tmp: Path, model_dir: Path, tower: str, **overrides):
     frozen = frozen_documents(params, paths, ref, corpus) if tower == "query" else None
     batch = make_batch(TrainingSet(open_candidates(paths, "toy", "train-pg")).examples(range(6)))
     return params, paths, ref, corpus, frozen, batch
+
+
+def step_of(params: Params, paths, model, examples, corpus, *, reference=None, device="cpu", epoch: int = 1,
+            split: str = "train-pg"):
+    """What the trainer hands a step over ``examples`` of the toy split: its token stores (built on first use,
+    packing switched on where the model packs) and the laid-out inputs (:mod:`pgrank.training.step_inputs`)."""
+    import torch
+
+    from pgrank.data.candidate_store import open_candidates
+    from pgrank.training.step_inputs import prepare_step, step_tokens
+
+    tokens = step_tokens(params, paths, open_candidates(paths, "toy", split), corpus, model,
+                         reference=getattr(reference, "model", None))
+    return prepare_step(list(examples), params, tokens, epoch=epoch, model=model, device=torch.device(device))

@@ -120,7 +120,10 @@ class TrainConfig(Section):
     grad_clip: PositiveFloat | None = 1.0
     max_query_length: PositiveInt = 64
     max_doc_length: PositiveInt = 256
-    grad_chunk_size: PositiveInt = 64
+    chunk_tokens: PositiveInt = Field(
+        default=131072, description="token budget of one chunk of documents encoded at once (cached-gradient "
+                                    "chunking, validation): documents sorted by length, packed without padding "
+                                    "where the model allows; at least max_doc_length")
     amp: Literal["bf16", "off"] = "bf16"
     keep_epochs: list[NonNegInt] = Field(default_factory=lambda: [0, 2, 6])
     seed: int = 42
@@ -162,6 +165,15 @@ class TrainConfig(Section):
             raise ValueError("selection.within_se (the one-standard-error rule) needs selection.rule in_domain or "
                              "guarded to choose among the epochs")
         return self
+
+    @field_validator("chunk_tokens")
+    @classmethod
+    def _chunk_holds_a_document(cls, value: int, info) -> int:
+        longest = max(info.data.get("max_doc_length") or 0, info.data.get("max_query_length") or 0)
+        if value < longest:
+            raise ValueError(f"{value} tokens cannot hold a text of max_doc_length / max_query_length {longest} "
+                             f"tokens; raise it to at least {longest}")
+        return value
 
     @field_validator("objectives", "extra_seeds")
     @classmethod

@@ -181,18 +181,20 @@ def measure_rates(params, paths, name: str, device: str, seconds: float, *, trai
         texts = _texts(batch, tokens - 2)
         rates.inference[tokens] = _rate(lambda t=texts: encoder.encode_document(t, batch_size=batch), batch, device, seconds)
     if train:
-        from pgrank.training.grad_cache import encode
+        from pgrank.models.packing import run_chunk, text_chunks
 
         model = load_encoder(name, params.models, device=device, max_seq_length=cfg.max_doc_length).train()
-        chunk = cfg.grad_chunk_size
         longest = min(max(cfg.max_doc_length, cfg.max_query_length), model.max_seq_length)
-        for tokens in [t for t in GRID if t <= longest]:
-            texts = _texts(chunk, tokens - 2)
+        for tokens in [t for t in GRID if t <= longest]:  # a training chunk: pre-tokenized, cut by train.chunk_tokens
+            count = max(1, min(cfg.chunk_tokens // tokens, 1024))
+            chunks = text_chunks(model, _texts(count, tokens - 2), task="document", max_length=tokens,
+                                 budget=cfg.chunk_tokens)
 
-            def step(t=texts, length=tokens):
-                encode(model, t, task="document", max_length=length, amp=cfg.amp).sum().backward()
+            def step(chunks=chunks):
+                for chunk in chunks:
+                    run_chunk(model, chunk, task="document", amp=cfg.amp).sum().backward()
 
-            rates.grad[tokens] = _rate(step, chunk, device, seconds)
+            rates.grad[tokens] = _rate(step, count, device, seconds)
         model.zero_grad(set_to_none=True)
     return rates
 

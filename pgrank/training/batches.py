@@ -34,6 +34,7 @@ class Example:
     query: str
     rows: np.ndarray  # (n,) corpus rows of the candidates, in stage-1 rank order
     relevance: np.ndarray  # (n,) their grades
+    row: int = -1  # the query's row in the candidate store (and in its queries' token store)
 
 
 class TrainingSet:
@@ -47,7 +48,7 @@ class TrainingSet:
 
     def __getitem__(self, i: int) -> Example:
         rows, grades = self.store.candidates(i)
-        return Example(self.store.qids[i], self.store.queries[i], rows, grades)
+        return Example(self.store.qids[i], self.store.queries[i], rows, grades, int(i))
 
     def examples(self, indices: Sequence[int]) -> list[Example]:
         return [self[int(i)] for i in indices]

@@ -1,18 +1,20 @@
 """Differentiable encoding with sentence-transformers models, and cached-gradient chunking.
 
 Training needs embeddings *with* gradients, which ``SentenceTransformer.encode`` never gives. This
-module runs the model's own ``preprocess`` and ``forward`` on text batches, and implements the
+module runs the model's ``forward`` on pre-tokenized chunks (:mod:`pgrank.models.packing`: length-sorted,
+cut by ``train.chunk_tokens``, packed without padding where the model allows), and implements the
 cached-gradient trick (GradCache; Gao et al. 2021, as in sentence-transformers' CachedMNRL) that makes
-``tower: both`` train over 1000 candidates per query in memory bounded by the chunk size:
+``tower: both`` train over 1000 candidates per query in memory bounded by the chunk budget:
 
 1. :func:`encode_cached` encodes every document without grad, chunk by chunk, remembering the RNG
-   state of each chunk (dropout);
+   state of each chunk (dropout), and scatters the embeddings back to the documents' order;
 2. the loss is computed on those embeddings (made leaves that require grad) and back-propagated to
    them only;
-3. :func:`backward_cached` re-encodes chunk by chunk *with* grad, replaying each chunk's RNG state so
-   dropout masks match exactly, and back-propagates the cached embedding gradient.
+3. :func:`backward_cached` re-encodes the same chunks *with* grad, replaying each chunk's RNG state so
+   dropout masks match exactly, and back-propagates each chunk's rows of the cached embedding gradient.
 
-The parameter gradients equal plain full back-propagation (tested).
+The parameter gradients equal plain full back-propagation (tested). :func:`encode` still takes strings, for
+the few texts outside a step (validation queries).
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+from pgrank.data.token_store import TokenRows
+from pgrank.models.packing import Chunk, autocast, chunks_of, packs, run_chunk, scatter
 
 
 @dataclass(frozen=True)
@@ -49,13 +54,6 @@ class RngState:
 
 def model_device(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
-
-
-def autocast(device: torch.device, amp: str) -> contextlib.AbstractContextManager:
-    """bf16 autocast on CUDA when ``amp == "bf16"``; a no-op elsewhere (CPU trains in float32)."""
-    if device.type == "cuda" and amp == "bf16":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
 
 
 def encode(
@@ -88,71 +86,77 @@ def encode(
     return out["sentence_embedding"].float()
 
 
-def chunks(n: int, size: int) -> list[slice]:
-    return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+def run_features(model, features: dict, *, task: str, amp: str = "off", forward=None) -> torch.Tensor:
+    """``(n, d)`` float32 embeddings of laid-out features (:func:`pgrank.models.packing.chunk_features`)."""
+    device = next(model.parameters()).device
+    with autocast(device, amp):
+        out = (forward or model)(dict(features), task=task)
+    return out["sentence_embedding"].float()
 
 
-@torch.no_grad()
-def encode_chunks(model: torch.nn.Module, texts: Sequence[str], *, chunk_size: int, task: str, max_length: int,
-                  amp: str = "off") -> Tensor:
-    """Encode ``texts`` without gradient, ``chunk_size`` at a time (bounded activation memory)."""
-    return torch.cat([encode(model, texts[sl], task=task, max_length=max_length, amp=amp)
-                      for sl in chunks(len(texts), chunk_size)])
+def token_chunks(model, rows: TokenRows, layout: dict, budget: int) -> list[Chunk]:
+    """A step's texts as chunks for ``model`` (packed when it packs), on their way to its device."""
+    return chunks_of(rows, layout, budget, packed=packs(model), device=model_device(model))
+
+
+def encode_tokens(model: torch.nn.Module, chunks: list[Chunk], n: int, *, task: str, amp: str = "off",
+                  forward: Callable | None = None) -> Tensor:
+    """``(n, d)`` float32 embeddings of the chunks' texts in their own order; differentiable unless under
+    ``no_grad``."""
+    if not chunks:
+        return torch.empty(0, 0, device=model_device(model))
+    return scatter([run_chunk(model, c, task=task, amp=amp, forward=forward) for c in chunks], chunks, n)
 
 
 def encode_cached(
     model: torch.nn.Module,
-    texts: Sequence[str],
+    chunks: list[Chunk],
+    n: int,
     *,
-    chunk_size: int,
     task: str,
-    max_length: int,
     amp: str = "off",
     forward: Callable | None = None,
 ) -> tuple[Tensor, list[RngState]]:
     """Step 1 of cached-gradient chunking: encode without grad, keep each chunk's RNG state.
 
     Returns:
-        ``(embeddings (len(texts), d), rng states)``; embeddings are a fresh leaf tensor that
+        ``(embeddings (n, d) in the texts' order, rng states)``; embeddings are a fresh leaf tensor that
         requires grad, ready for the loss.
     """
     device = model_device(model)
     states, parts = [], []
     with torch.no_grad():
-        for sl in chunks(len(texts), chunk_size):
+        for chunk in chunks:
             states.append(RngState.capture(device))
-            parts.append(encode(model, texts[sl], task=task, max_length=max_length, amp=amp, forward=forward))
-    return torch.cat(parts).requires_grad_(True), states
+            parts.append(run_chunk(model, chunk, task=task, amp=amp, forward=forward))
+    return scatter(parts, chunks, n).requires_grad_(True), states
 
 
 def backward_cached(
     model: torch.nn.Module,
-    texts: Sequence[str],
+    chunks: list[Chunk],
     grad: Tensor,
     states: list[RngState],
     *,
-    chunk_size: int,
     task: str,
-    max_length: int,
     amp: str = "off",
     forward: Callable | None = None,
     no_sync: Callable[[], contextlib.AbstractContextManager] | None = None,
 ) -> None:
-    """Step 3: re-encode each chunk with grad (replaying its RNG state) and back-propagate ``grad``.
+    """Step 3: re-encode each chunk with grad (replaying its RNG state) and back-propagate its rows of ``grad``.
 
     Args:
-        grad: ``(len(texts), d)`` gradient of the loss with respect to the cached embeddings.
-        states: the RNG states returned by :func:`encode_cached` for the same chunking.
+        grad: ``(n, d)`` gradient of the loss with respect to the cached embeddings, in the texts' order.
+        states: the RNG states returned by :func:`encode_cached` for the same chunks.
         no_sync: context for every chunk but the last (DDP's ``no_sync``: accumulate locally);
             the last chunk's backward then all-reduces the accumulated gradients once.
     """
     device = model_device(model)
-    slices = chunks(len(texts), chunk_size)
-    if len(slices) != len(states):
-        raise ValueError("backward_cached needs the chunking used by encode_cached")
-    for i, (sl, state) in enumerate(zip(slices, states)):
-        last = i == len(slices) - 1
+    if len(chunks) != len(states):
+        raise ValueError("backward_cached needs the chunks encode_cached ran")
+    for i, (chunk, state) in enumerate(zip(chunks, states)):
+        last = i == len(chunks) - 1
         ctx = no_sync() if (no_sync is not None and not last) else contextlib.nullcontext()
         with ctx, state.replay(device):
-            emb = encode(model, texts[sl], task=task, max_length=max_length, amp=amp, forward=forward)
-            emb.backward(grad[sl])
+            emb = run_chunk(model, chunk, task=task, amp=amp, forward=forward)
+            emb.backward(grad.index_select(0, chunk.index))

@@ -11,7 +11,7 @@ What the reference scores cost:
 * ``tower: query``: the document embeddings are the frozen warm start's already (the corpus-embedding
   artifact both policies read), so the reference re-encodes only the batch's queries, without gradient.
 * ``tower: both``: the batch's candidate documents are encoded once more by the frozen warm start,
-  without gradient, in chunks of ``train.grad_chunk_size``.
+  without gradient, in the step's chunks of at most ``train.chunk_tokens`` tokens.
 
 The reference model runs in eval mode (no dropout) and draws no random numbers, so a resumed run
 replays the same steps.
@@ -23,12 +23,13 @@ import torch
 from torch import Tensor
 
 from pgrank.config import TrainConfig
-from pgrank.training.batches import Batch, FrozenDocuments, candidate_scores
-from pgrank.training.grad_cache import encode, encode_chunks
+from pgrank.training.batches import FrozenDocuments, candidate_scores
+from pgrank.training.grad_cache import encode_tokens, run_features
 
 
 class ReferencePolicy:
-    """Scores of the frozen warm start, for the KL term."""
+    """Scores of the frozen warm start, for the KL term. It reads the step's own laid-out token ids
+    (:class:`pgrank.training.step_inputs.StepInputs`): the warm start tokenizes as the policy does."""
 
     def __init__(self, model: torch.nn.Module, cfg: TrainConfig):
         self.model = model.eval()
@@ -36,24 +37,24 @@ class ReferencePolicy:
             p.requires_grad_(False)
         self.cfg = cfg
 
+    def _features(self, features: dict, task: str) -> Tensor:
+        return run_features(self.model, features, task=task, amp=self.cfg.amp)
+
     @torch.no_grad()
-    def scores(self, batch: Batch, *, frozen: FrozenDocuments | None, corpus=None) -> Tensor:
-        """``(B, n)`` reference scores of ``batch``'s candidates (float32, no gradient)."""
-        cfg = self.cfg
+    def scores(self, inputs, *, frozen: FrozenDocuments | None) -> Tensor:
+        """``(B, n)`` reference scores of the step's candidates (float32, no gradient)."""
+        batch = inputs.batch
         device = batch.relevance.device
-        q = encode(self.model, [ex.query for ex in batch.examples], task="query", max_length=cfg.max_query_length,
-                   amp=cfg.amp)
+        q = self._features(inputs.queries, "query")
         if frozen is not None:
             docs = frozen.vectors(batch.unique_rows, device)
         else:
-            docs = encode_chunks(self.model, corpus.texts(batch.unique_rows), chunk_size=cfg.grad_chunk_size,
-                                 task="document", max_length=cfg.max_doc_length, amp=cfg.amp)
-        return candidate_scores(q.float(), docs.float(), batch.index, cfg.similarity)
+            docs = encode_tokens(self.model, inputs.documents, len(batch.unique_rows), task="document",
+                                 amp=self.cfg.amp)
+        return candidate_scores(q.float(), docs.float(), batch.index, self.cfg.similarity)
 
     @torch.no_grad()
-    def documents(self, texts: list[str]) -> Tensor:
-        """The warm start's document embeddings of ``texts`` (float32, no gradient): the target of
-        ``train.document_anchor`` in ``tower: both``."""
-        cfg = self.cfg
-        return encode_chunks(self.model, texts, chunk_size=cfg.grad_chunk_size, task="document",
-                             max_length=cfg.max_doc_length, amp=cfg.amp).float()
+    def documents(self, features: dict) -> Tensor:
+        """The warm start's document embeddings of the anchor's laid-out documents (float32, no gradient): the
+        target of ``train.document_anchor`` in ``tower: both``."""
+        return self._features(features, "document").float()

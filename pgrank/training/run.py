@@ -76,6 +76,7 @@ class Run:
     no_sync: Any = None
     anchor: Any = None  # the warm start's weights (pgrank.training.weight_space.Anchor), when mixtures or L2 need them
     name: str = ""  # the run's folders' name (pgrank.paths.run_key): the objectives entry, .s<seed> at an extra seed
+    tokens: Any = None  # the steps' token stores (pgrank.training.step_inputs.StepTokens)
 
     @property
     def cfg(self):

@@ -49,11 +49,12 @@ from pgrank.errors import PgrankError
 from pgrank.paths import Paths, run_key
 from pgrank.training import checkpoints, distributed, selection
 from pgrank.training.weight_space import Anchor
-from pgrank.training.batches import epoch_order, make_batch
+from pgrank.training.batches import epoch_order
 from pgrank.training.epoch_records import keep_epoch, record_time, write_curve
 from pgrank.training.grad_cache import encode
 from pgrank.training.run import Run, open_data
 from pgrank.training.step import TrainingError, accumulate_gradients
+from pgrank.training.step_inputs import Prefetcher, open_tokens, prepare_step
 from pgrank.training.validation_ndcg import averages, validate, validate_queries
 from pgrank.training.warm_start import load_models
 
@@ -109,6 +110,7 @@ def setup(params: Params, paths: Paths, warm_start: str, objective: str, device:
         model, lambda m: encode(m, ["probe"], task="query", max_length=8, amp=cfg.amp).sum())
     if unused:
         log.info("not training %d parameters the embeddings do not use: %s", len(unused), ", ".join(unused[:4]))
+    tokens = open_tokens(params, paths, data, models, progress=progress and world.is_main)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=cfg.learning_rate_for(objective), weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -116,7 +118,8 @@ def setup(params: Params, paths: Paths, warm_start: str, objective: str, device:
     # The warm start's weights, for mixtures with it and the L2 pull toward it (taken before a resume loads state).
     anchored = cfg.l2_to_warm_start > 0 or cfg.selection.interpolation != [1.0] or bool(cfg.selection.within_se)
     return Run(params, paths, warm_start, objective, ref, doc_ref, world, dev, data, fingerprint, models, trainable,
-               optimizer, scheduler, anchor=Anchor.of(model) if anchored else None, name=name or objective)
+               optimizer, scheduler, anchor=Anchor.of(model) if anchored else None, name=name or objective,
+               tokens=tokens)
 
 
 def resume(run: Run) -> None:
@@ -162,14 +165,15 @@ def validated(run: Run) -> dict:
     nDCG@10 of each query (:mod:`pgrank.core.history`)."""
     data, model = run.data, run.models.policy
     queries = validate_queries(model, data.validation, data.validation_qrels, run.params, frozen=data.frozen,
-                               corpus=data.corpus, world=run.world)
+                               documents=run.tokens.documents, world=run.world)
     row: dict = {f"val_{k}": v for k, v in averages(queries).items()}
     if run.cfg.selection.within_se:
         row[per_query_key()] = {q: m[METRIC] for q, m in queries.items()}
     if run.anchor is not None:
         row[DISTANCE] = run.anchor.distance(model)
     for vs in data.out_of_domain:
-        metrics = validate(model, vs.examples, vs.qrels, run.params, frozen=vs.frozen, corpus=vs.corpus, world=run.world)
+        metrics = validate(model, vs.examples, vs.qrels, run.params, frozen=vs.frozen,
+                           documents=run.tokens.validation.get(vs.name), world=run.world)
         row.update({set_key(vs.name, k): v for k, v in metrics.items()})
     return row
 
@@ -199,18 +203,23 @@ def train_epoch(run: Run, epoch: int, tracker, *, progress: bool) -> tuple[dict,
     sums = {"loss": 0.0, "utility": 0.0}
     curve: list[dict] = []
     epoch_started = time.perf_counter()
-    for batch_ids in bar:
-        started = time.perf_counter()
+    policy = run.models.policy
+
+    def prepare(batch_ids):
         local = run.data.train.examples(distributed.shard(batch_ids, world))
-        stats = accumulate_gradients(run.models.policy, make_batch(local, dev), run.params, epoch=epoch,
-                                     frozen=run.data.frozen, corpus=run.data.corpus, forward=run.forward,
-                                     no_sync=run.no_sync, reference=run.models.reference, objective=run.objective)
+        return prepare_step(local, run.params, run.tokens, epoch=epoch, model=policy, device=dev)
+
+    started = time.perf_counter()
+    for batch_ids, inputs in zip(bar, Prefetcher(prepare, batches)):
+        stats = accumulate_gradients(policy, inputs, run.params, epoch=epoch, frozen=run.data.frozen,
+                                     forward=run.forward, no_sync=run.no_sync, reference=run.models.reference,
+                                     objective=run.objective)
         if cfg.l2_to_warm_start:
             run.anchor.add_l2_gradient(run.models.policy, cfg.l2_to_warm_start)
-        norm = torch.nn.utils.clip_grad_norm_(run.trainable, cfg.grad_clip or math.inf)
-        if not torch.isfinite(norm):
+        norm = float(torch.nn.utils.clip_grad_norm_(run.trainable, cfg.grad_clip or math.inf))  # the step's one read
+        if not math.isfinite(norm):
             raise TrainingError(
-                f"epoch {epoch}, step {state.step + 1}: the gradient norm is {norm.item()}; stopped before "
+                f"epoch {epoch}, step {state.step + 1}: the gradient norm is {norm}; stopped before "
                 f"updating. The last good checkpoint and resumable state are in "
                 f"{run.paths.model_dir(run.warm_start, run.name)}. Lower train.learning_rate or raise "
                 "train.pg.temperature.")
@@ -221,7 +230,7 @@ def train_epoch(run: Run, epoch: int, tracker, *, progress: bool) -> tuple[dict,
         loss = distributed.all_mean(stats.loss, world, dev)
         utility = distributed.all_mean(stats.utility, world, dev)
         point = {"step": state.step, "epoch": epoch, "loss": loss, "utility": utility,
-                 "grad_norm": norm.item(), "entropy": stats.entropy}
+                 "grad_norm": norm, "entropy": stats.entropy}
         curve.append(point)
         logged = {k: point[k] for k in ("loss", "utility", "grad_norm", "entropy")}
         if cfg.kl_on(run.objective):
@@ -231,7 +240,8 @@ def train_epoch(run: Run, epoch: int, tracker, *, progress: bool) -> tuple[dict,
         tracking.log_metrics(tracker, logged, step=state.step)
         sums["loss"] += loss
         sums["utility"] += utility
-        rate = len(batch_ids) / max(time.perf_counter() - started, 1e-9)
+        now = time.perf_counter()
+        rate, started = len(batch_ids) / max(now - started, 1e-9), now
         bar.set_postfix(loss=f"{loss:.4f}", utility=f"{utility:.4f}", q_s=f"{rate:.1f}",
                         rankings_s=f"{rate * cfg.pg.num_samples:.0f}")
     seconds = time.perf_counter() - epoch_started  # the updates alone: validation is the same for every loss

@@ -24,16 +24,16 @@ from pgrank.training.batches import (
     make_batch,
     training_set,
 )
-from pgrank.training.grad_cache import encode, encode_chunks
+from pgrank.training.grad_cache import encode, encode_tokens, token_chunks
 
 
 METRICS = ("ndcg@1", "ndcg@3", "ndcg@5", "ndcg@10", "mrr@10")
 
 
 def validate(model, examples: TrainingSet, qrels, params: Params, *, frozen: FrozenDocuments | None,
-             corpus=None, world: distributed.World = distributed.World(), batch_size: int = 64) -> dict[str, float]:
+             documents=None, world: distributed.World = distributed.World(), batch_size: int = 64) -> dict[str, float]:
     """The means over queries of :func:`validate_queries` (:func:`averages`)."""
-    return averages(validate_queries(model, examples, qrels, params, frozen=frozen, corpus=corpus, world=world,
+    return averages(validate_queries(model, examples, qrels, params, frozen=frozen, documents=documents, world=world,
                                      batch_size=batch_size))
 
 
@@ -45,11 +45,13 @@ def averages(per_query: dict[str, dict[str, float]]) -> dict[str, float]:
 
 @torch.no_grad()
 def validate_queries(model, examples: TrainingSet, qrels, params: Params, *, frozen: FrozenDocuments | None,
-                     corpus=None, world: distributed.World = distributed.World(),
+                     documents=None, world: distributed.World = distributed.World(),
                      batch_size: int = 64) -> dict[str, dict[str, float]]:
     """Rerank the validation candidate sets with ``model`` (sorted by score) and evaluate each query.
 
-    ``qrels`` are keyed by corpus row (:func:`qrels_by_row`), as the candidate sets are. Sharded under
+    ``qrels`` are keyed by corpus row (:func:`qrels_by_row`), as the candidate sets are. The candidates are
+    ``frozen``'s embeddings (``tower: query``), or ``documents``' token ids (the corpus's token store,
+    ``tower: both``) encoded in chunks of ``train.chunk_tokens``. Sharded under
     DDP: every rank reranks and evaluates its share of the queries (``rank::size``),
     and the per-query metrics are gathered, so every rank returns every query's, equal
     to a single process's (tested with two gloo processes).
@@ -67,8 +69,8 @@ def validate_queries(model, examples: TrainingSet, qrels, params: Params, *, fro
             if frozen is not None:
                 docs = frozen.vectors(batch.unique_rows, device)
             else:
-                docs = encode_chunks(model, corpus.texts(batch.unique_rows), chunk_size=256, task="document",
-                                     max_length=cfg.max_doc_length, amp=cfg.amp)
+                chunks = token_chunks(model, documents.gather(batch.unique_rows), documents.features, cfg.chunk_tokens)
+                docs = encode_tokens(model, chunks, len(batch.unique_rows), task="document", amp=cfg.amp)
             scores = candidate_scores(q, docs, batch.index, cfg.similarity).cpu()
             run = {ex.qid: {str(r): float(scores[b, j]) for j, r in enumerate(ex.rows.tolist())}
                    for b, ex in enumerate(batch.examples)}

@@ -77,3 +77,20 @@ def test_the_kl_term_is_on_for_the_policy_gradient_with_a_coefficient_only():
     demo = load_params(PARAMS, profile="demo").train
     assert demo.kl_on("pg") and not demo.kl_on("infonce")
     assert not load_params(PARAMS, ["train.pg.kl_coef=0"], profile="demo").train.kl_on("pg")
+
+
+def test_a_chunk_budget_below_the_longest_text_is_refused_naming_the_key():
+    assert load_params(PARAMS).train.chunk_tokens == 262144
+    msg = str(pytest.raises(ConfigError, load_params, PARAMS, ["train.chunk_tokens=200"]).value)
+    assert "train.chunk_tokens" in msg and "256" in msg  # max_doc_length of params.yaml
+    assert load_params(PARAMS, ["train.chunk_tokens=256"]).train.chunk_tokens == 256
+
+
+def test_the_cli_says_it_in_one_error_line(tmp_path):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, str(ROOT / "cli.py"), "--set", "train.chunk_tokens=100", "plan"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    assert any(line.startswith("pgrank: error:") and "train.chunk_tokens" in line for line in out.stderr.splitlines())

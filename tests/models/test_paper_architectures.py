@@ -61,7 +61,7 @@ def test_the_t5_encoder_runs_under_every_cpu_backend_like_torch(tmp_path, paper_
 
 
 def test_a_t5_training_step_with_cached_gradients_equals_plain_backprop(tmp_path, paper_model):
-    from toy_project import make_project, plain_backprop
+    from toy_project import make_project, plain_backprop, step_of
 
     from pgrank.data.candidate_store import open_candidates
     from pgrank.data.corpus_store import open_corpus
@@ -69,11 +69,11 @@ def test_a_t5_training_step_with_cached_gradients_equals_plain_backprop(tmp_path
     from pgrank.training.trainer import accumulate_gradients
 
     folder = paper_model("gtr-t5")
-    params, paths = make_project(tmp_path, folder, overrides={"train.tower": "both", "train.grad_chunk_size": 3})
+    params, paths = make_project(tmp_path, folder, overrides={"train.tower": "both", "train.chunk_tokens": 64})
     examples = TrainingSet(open_candidates(paths, "toy", "train-pg")).examples(range(4))
     corpus, batch = open_corpus(paths, "toy"), make_batch(examples)
     cached = load_encoder(str(folder), params.models, device="cpu").eval()
-    accumulate_gradients(cached, batch, params, epoch=1, frozen=None, corpus=corpus)
+    accumulate_gradients(cached, step_of(params, paths, cached, examples, corpus), params, epoch=1, frozen=None)
     plain = load_encoder(str(folder), params.models, device="cpu").eval()
     plain_backprop(plain, examples, batch, corpus, params)
     a = {n: p.grad for n, p in cached.named_parameters() if p.grad is not None}

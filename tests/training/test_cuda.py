@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from toy_project import make_project, plain_backprop
+from toy_project import make_project, plain_backprop, step_of
 
 from pgrank.models.loading import load_encoder
 
@@ -58,7 +58,7 @@ def _cosine(a: dict, b: dict) -> float:
 @pytest.mark.parametrize("tower", ["both", "query"])
 def test_a_bf16_step_follows_the_float32_gradient_and_keeps_float32_weights(tmp_path, paper_model, kind, tower):
     folder = paper_model(kind)
-    params, paths = make_project(tmp_path, folder, overrides={"train.tower": tower, "train.grad_chunk_size": 5,
+    params, paths = make_project(tmp_path, folder, overrides={"train.tower": tower, "train.chunk_tokens": 80,
                                                                "train.similarity": "dot"})
     examples, corpus = _examples(params, paths)
     frozen = _frozen(params, paths, folder, corpus) if tower == "query" else None
@@ -66,7 +66,8 @@ def test_a_bf16_step_follows_the_float32_gradient_and_keeps_float32_weights(tmp_
     for amp in ("bf16", "off"):
         cfg = params.model_copy(update={"train": params.train.model_copy(update={"amp": amp})})
         model = _model(folder, cfg)
-        stats = accumulate_gradients(model, make_batch(examples, "cuda"), cfg, epoch=1, frozen=frozen, corpus=corpus)
+        inputs = step_of(cfg, paths, model, examples, corpus, device="cuda")
+        stats = accumulate_gradients(model, inputs, cfg, epoch=1, frozen=frozen)
         assert all(torch.isfinite(torch.tensor(v)) for v in (stats.loss, stats.utility, stats.entropy))
         grads[amp] = _grads(model)
         assert {p.dtype for p in model.parameters()} == {torch.float32}  # master weights stay float32 under autocast
@@ -78,14 +79,15 @@ def test_a_bf16_step_follows_the_float32_gradient_and_keeps_float32_weights(tmp_
 @pytest.mark.parametrize("kind", ["gtr-t5", "sbert"])
 def test_cached_gradient_chunking_equals_plain_backprop_on_cuda(tmp_path, paper_model, kind):
     folder = paper_model(kind)
-    params, paths = make_project(tmp_path, folder, overrides={"train.tower": "both", "train.grad_chunk_size": 4,
+    params, paths = make_project(tmp_path, folder, overrides={"train.tower": "both", "train.chunk_tokens": 64,
                                                                "train.amp": "off"})
     examples, corpus = _examples(params, paths)
     batch = make_batch(examples, "cuda")
     cached = _model(folder, params)
     torch.backends.cuda.matmul.allow_tf32 = False  # the same float32 arithmetic in both, chunked or not
     try:
-        accumulate_gradients(cached, batch, params, epoch=1, frozen=None, corpus=corpus)
+        accumulate_gradients(cached, step_of(params, paths, cached, examples, corpus, device="cuda"), params, epoch=1,
+                             frozen=None)
         plain = _model(folder, params)
         torch.backends.cuda.matmul.allow_tf32 = False
         plain_backprop(plain, examples, batch, corpus, params, torch.device("cuda"))
@@ -117,7 +119,8 @@ def _nccl_worker(rank: int, port: int, folder: str, project: str, out: str) -> N
         model = _model(folder, params)
         distributed.freeze_unused(model, lambda m: encode(m, ["probe"], task="query", max_length=8).sum())
         wrapped = torch.nn.parallel.DistributedDataParallel(model, device_ids=[0], output_device=0)
-        accumulate_gradients(model, make_batch(examples, "cuda"), params, epoch=1, frozen=None, corpus=corpus,
+        accumulate_gradients(model, step_of(params, paths, model, examples, corpus, device="cuda"), params, epoch=1,
+                             frozen=None,
                              forward=wrapped, no_sync=distributed.no_sync(wrapped))
         torch.save(_grads(model), out)
     finally:
@@ -138,7 +141,8 @@ def test_one_gpu_ddp_over_nccl_gives_the_single_process_gradient(tmp_path, paper
 
     model = _model(folder, params)
     distributed.freeze_unused(model, lambda m: encode(m, ["probe"], task="query", max_length=8).sum())
-    accumulate_gradients(model, make_batch(examples, "cuda"), params, epoch=1, frozen=None, corpus=corpus)
+    accumulate_gradients(model, step_of(params, paths, model, examples, corpus, device="cuda"), params, epoch=1,
+                         frozen=None)
     single, ddp = _grads(model), torch.load(out)
     assert single.keys() == ddp.keys() and len(single) > 5
     for name in single:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from toy_project import training_batch
+from toy_project import step_of, training_batch
 
 from pgrank.core.drift import cosine_drift
 from pgrank.models.loading import load_encoder
 from pgrank.training.grad_cache import encode
 from pgrank.training.reference import ReferencePolicy
-from pgrank.training.step import anchor_rows
+from pgrank.training.step_inputs import anchor_rows
 from pgrank.training.trainer import accumulate_gradients, train
 from pgrank.training.warm_start import policy_model
 
@@ -29,11 +29,12 @@ def test_the_anchor_documents_are_drawn_from_the_batch_by_seed_epoch_and_queries
 @pytest.mark.parametrize("tower", ["query", "both"])
 def test_at_the_warm_start_the_query_tower_embeds_documents_as_the_document_tower_does(tmp_path, tiny_model_dir,
                                                                                         tower):
-    params, _, ref, corpus, frozen, batch = training_batch(tmp_path, tiny_model_dir, tower, **{
+    params, paths, ref, corpus, frozen, batch = training_batch(tmp_path, tiny_model_dir, tower, **{
         "train.document_anchor.coef": 1.0, "train.document_anchor.documents": 4, "train.amp": "off"})
     reference = ReferencePolicy(policy_model(ref, ref, params, "cpu"), params.train) if tower == "both" else None
     model = policy_model(ref, ref, params, "cpu").eval()  # dropout off: the warm start's function
-    stats = accumulate_gradients(model, batch, params, epoch=1, frozen=frozen, corpus=corpus, reference=reference)
+    inputs = step_of(params, paths, model, batch.examples, corpus, reference=reference)
+    stats = accumulate_gradients(model, inputs, params, epoch=1, frozen=frozen, reference=reference)
     assert stats.drift == pytest.approx(0.0, abs=1e-5)
     assert any(p.grad is not None for p in model.parameters())
 

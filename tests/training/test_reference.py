@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from toy_project import make_project, training_batch
+from toy_project import make_project, step_of, training_batch
 
 from pgrank.core.policy import top1_kl
 from pgrank.models.loading import load_encoder
@@ -14,12 +14,13 @@ from pgrank.training.warm_start import policy_model
 
 @pytest.mark.parametrize("tower", ["query", "both"])
 def test_at_the_warm_start_the_reference_scores_are_the_policys_and_the_kl_is_zero(tmp_path, tiny_model_dir, tower):
-    params, _, ref, corpus, frozen, batch = training_batch(tmp_path, tiny_model_dir, tower, **{"train.pg.kl_coef": 1.0})
+    params, paths, ref, corpus, frozen, batch = training_batch(tmp_path, tiny_model_dir, tower, **{"train.pg.kl_coef": 1.0})
     reference = ReferencePolicy(policy_model(ref, ref, params, "cpu"), params.train)
-    ref_scores = reference.scores(batch, frozen=frozen, corpus=corpus)
-    assert not ref_scores.requires_grad and not any(p.requires_grad for p in reference.model.parameters())
     model = policy_model(ref, ref, params, "cpu").eval()  # dropout off: the same function as the reference
-    stats = accumulate_gradients(model, batch, params, epoch=1, frozen=frozen, corpus=corpus, reference=reference)
+    inputs = step_of(params, paths, model, batch.examples, corpus, reference=reference)
+    ref_scores = reference.scores(inputs, frozen=frozen)
+    assert not ref_scores.requires_grad and not any(p.requires_grad for p in reference.model.parameters())
+    stats = accumulate_gradients(model, inputs, params, epoch=1, frozen=frozen, reference=reference)
     assert stats.kl == pytest.approx(0.0, abs=1e-6)
     assert any(p.grad is not None for p in model.parameters())
 
@@ -39,7 +40,8 @@ def test_a_strong_kl_keeps_the_policy_near_the_warm_start(tmp_path, tiny_model_d
         warm = ReferencePolicy(policy_model(ref, ref, params, "cpu"), params.train)
         trained = ReferencePolicy(load_encoder(str(result.final), params.models, device="cpu"), params.train)
         t = params.train.pg.temperature
-        logits, ref_logits = (p.scores(batch, frozen=frozen, corpus=corpus) / t for p in (trained, warm))
+        inputs = step_of(params, paths, trained.model, batch.examples, corpus)
+        logits, ref_logits = (p.scores(inputs, frozen=frozen) / t for p in (trained, warm))
         drift[coef] = top1_kl(logits, ref_logits, batch.mask).mean().item()
     assert drift[0.0] > 0.02  # without the term the policy moves away (measured 0.036)...
     assert drift[50.0] < drift[0.0] / 5  # ...and the term holds it near the warm start (measured 0.0024)

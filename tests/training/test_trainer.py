@@ -10,14 +10,16 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from toy_project import make_project, plain_backprop
+from toy_project import make_project, plain_backprop, step_of
 
 from pgrank import tracking
 from pgrank.models.checkpoint_meta import read_checkpoint_meta
 from pgrank.models.loading import load_encoder
 from pgrank.training import checkpoints
 from pgrank.training.batches import make_batch
-from pgrank.training.grad_cache import encode, encode_cached
+from pgrank.data.token_store import TokenRows, corpus_tokens, tokenize
+from pgrank.models.packing import packs, run_chunk, scatter
+from pgrank.training.grad_cache import encode, encode_cached, token_chunks
 from pgrank.training.trainer import TrainingError, accumulate_gradients, train
 
 
@@ -42,11 +44,13 @@ def _grads(model):
 
 
 def test_cached_gradient_chunking_equals_full_backprop(tmp_path, tiny_model_dir):
-    params, paths = make_project(tmp_path, tiny_model_dir, overrides={"train.tower": "both", "train.grad_chunk_size": 3})
+    params, paths = make_project(tmp_path, tiny_model_dir, overrides={"train.tower": "both", "train.chunk_tokens": 40})
     examples, corpus = _toy_batch(params, paths)
     batch = make_batch(examples)
     cached = _tiny(tiny_model_dir)
-    accumulate_gradients(cached, batch, params, epoch=1, frozen=None, corpus=corpus)
+    inputs = step_of(params, paths, cached, examples, corpus)
+    assert len(inputs.documents) > 2 and packs(cached)  # several packed chunks
+    accumulate_gradients(cached, inputs, params, epoch=1, frozen=None)
 
     plain = _tiny(tiny_model_dir)
     plain_backprop(plain, examples, batch, corpus, params)
@@ -59,15 +63,18 @@ def test_cached_gradient_chunking_equals_full_backprop(tmp_path, tiny_model_dir)
 
 def test_rng_replay_reproduces_dropout_masks(tiny_model_dir):
     model = _tiny(tiny_model_dir, eval_mode=False)  # dropout active
-    texts = [f"document number {i} about rivers and deltas" for i in range(9)]
-    emb, states = encode_cached(model, texts, chunk_size=4, task="document", max_length=32)
+    texts = [f"document number {i} about rivers and deltas" + " and lakes" * (i % 4) for i in range(9)]
+    ids, lengths, layout = tokenize(model, texts, task="document", max_length=32)
+    chunks = token_chunks(model, TokenRows(ids, lengths), layout, 60)
+    assert len(chunks) > 2
+    emb, states = encode_cached(model, chunks, len(texts), task="document")
     again = []
-    for i, state in enumerate(states):
+    for chunk, state in zip(chunks, states):
         with state.replay(torch.device("cpu")):
-            again.append(encode(model, texts[i * 4 : i * 4 + 4], task="document", max_length=32))
-    assert torch.equal(emb.detach(), torch.cat(again).detach())
-    fresh = encode(model, texts[:4], task="document", max_length=32)  # without replay: other masks
-    assert not torch.allclose(fresh.detach(), emb[:4].detach())
+            again.append(run_chunk(model, chunk, task="document"))
+    assert torch.equal(emb.detach(), scatter(again, chunks, len(texts)).detach())
+    fresh = run_chunk(model, chunks[0], task="document")  # without replay: other masks
+    assert not torch.allclose(fresh.detach(), emb[chunks[0].index].detach())
 
 
 def _weights(folder: Path) -> dict:
@@ -230,7 +237,7 @@ def _ddp_worker(rank, world, port, model_dir, project_dir, tower, out):
 
         frozen = frozen_documents(params, paths, resolve_model(str(model_dir), params.models), corpus)
     local = distributed.shard(examples, w)
-    accumulate_gradients(model, make_batch(local), params, epoch=1, frozen=frozen, corpus=corpus,
+    accumulate_gradients(model, step_of(params, paths, model, local, corpus), params, epoch=1, frozen=frozen,
                          forward=wrapped, no_sync=distributed.no_sync(wrapped))
     if rank == 0:
         torch.save(_grads(model), out)
@@ -258,7 +265,7 @@ def test_ddp_average_gradient_equals_single_process(tmp_path, tiny_model_dir, to
         from pgrank.training.batches import frozen_documents
 
         frozen = frozen_documents(params, paths, resolve_model(str(tiny_model_dir), params.models), corpus)
-    accumulate_gradients(model, make_batch(examples), params, epoch=1, frozen=frozen, corpus=corpus)
+    accumulate_gradients(model, step_of(params, paths, model, examples, corpus), params, epoch=1, frozen=frozen)
     single, ddp = _grads(model), torch.load(out)
     assert single.keys() == ddp.keys() and len(single) > 10
     for name in single:
@@ -277,7 +284,9 @@ def _validation(params, paths, model_dir, world):
     corpus = open_corpus(paths, "toy")
     examples = training_set(paths, "toy", "validation", corpus)
     qrels = qrels_by_row(load_topics(paths, "toy", "validation")[1], corpus)
-    return validate(_tiny(model_dir), examples, qrels, params, frozen=None, corpus=corpus, world=world, batch_size=2)
+    model = _tiny(model_dir)
+    documents = corpus_tokens(model, paths, corpus, max_length=params.train.max_doc_length)
+    return validate(model, examples, qrels, params, frozen=None, documents=documents, world=world, batch_size=2)
 
 
 def _validation_worker(rank, world, port, model_dir, project_dir, out):

@@ -1,0 +1,254 @@
+"""What a paper-shape training step costs the host, measured on a CPU: the GPU path's overhead by proxy.
+
+The real step of ``params.yaml`` (``tower: both``, cached gradients, the paper's estimator, token stores,
+length-sorted chunks of ``train.chunk_tokens`` tokens, packed where the model packs) over documents of MS MARCO's
+length distribution, with an encoder of DistilBERT's depth and vocabulary at a width of 8
+(``bench/paper_models.py``, size ``depth``), so that its arithmetic costs nearly nothing. Per step:
+
+* ``host_us_per_doc``: the step's time outside its dispatched operations (laying out its inputs, Python, the
+  trainer's bookkeeping), per document, from one profiled step: what the host adds beyond issuing the ops. On a
+  GPU the ops' arithmetic runs on the device, and issuing them costs the host what ``ops_per_doc`` counts;
+* ``ops_per_doc``: operations dispatched (top-level ``aten::`` ops in the profiler, the autograd engine's
+  included), per document;
+* ``real_token_fraction``: tokens of text over tokens through the linear layers (``attention_real_fraction``:
+  the same inside attention, where a packed chunk is laid into a grid on a CPU; FlashAttention's varlen kernel
+  on CUDA wastes nothing there);
+* ``syncs_per_step``: reads of device values by the host (``aten::_local_scalar_dense`` at any depth, data-dependent
+  shapes such as ``nonzero``, and ``tolist``/``numpy``/``cpu`` of tensors), which on a GPU each wait for the
+  device; the optimizer's reads of its step counters, host tensors on every device, are not counted.
+
+Run: ``python bench/step_overhead.py [--documents 8192] [--out F]`` (under 3 minutes on 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import math
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import paper_models  # noqa: E402
+from record import add_out_option, new_record, save, table  # noqa: E402
+
+SYNC_OPS = ("aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select", "aten::_unique2",
+            "aten::unique_consecutive", "aten::unique_dim", "aten::nonzero_static")
+READS = ("tolist", "numpy", "cpu")
+
+
+def corpus(work: Path, n_docs: int, rng: np.random.Generator) -> Path:
+    """``n_docs`` passages of MS MARCO's words per passage (log-normal: median 50, mean 56)."""
+    vocab = paper_models.words(20_000)
+    lengths = np.clip(np.round(rng.lognormal(math.log(50), 0.48, n_docs)), 4, 250).astype(int)
+    path = work / "corpus.jsonl"
+    with open(path, "w") as fh:
+        for i, words in enumerate(lengths):
+            picks = rng.integers(0, len(vocab), words)
+            fh.write(json.dumps({"_id": str(i), "title": "", "text": " ".join(vocab[j] for j in picks)}) + "\n")
+    return path
+
+
+def top_level_ops(prof) -> list:
+    """The profiler's ``aten::`` events not nested in another ``aten::`` event: the dispatched operations."""
+    out = []
+    for event in prof.events():
+        if not event.name.startswith("aten::"):
+            continue
+        parent = event.cpu_parent
+        while parent is not None and not parent.name.startswith("aten::"):
+            parent = parent.cpu_parent
+        if parent is None:
+            out.append(event)
+    return out
+
+
+def _in_optimizer(event) -> bool:
+    """Whether ``event`` runs inside the optimizer's step, whose step counters are host tensors on every device
+    (PyTorch keeps them on the CPU unless ``capturable``): reading them waits for nothing."""
+    parent = event.cpu_parent
+    while parent is not None:
+        if parent.name.startswith("Optimizer.step"):
+            return True
+        parent = parent.cpu_parent
+    return False
+
+
+class HostReads:
+    """Counts ``tolist``/``numpy``/``cpu`` calls on tensors while active (each a device read on a GPU)."""
+
+    def __init__(self):
+        import torch
+
+        self.torch, self.count, self.saved = torch, 0, {}
+
+    def __enter__(self):
+        for name in READS:
+            real = getattr(self.torch.Tensor, name)
+            self.saved[name] = real
+
+            def counted(tensor, *a, _real=real, **k):
+                self.count += 1
+                return _real(tensor, *a, **k)
+
+            setattr(self.torch.Tensor, name, counted)
+        return self
+
+    def __exit__(self, *exc):
+        for name, real in self.saved.items():
+            setattr(self.torch.Tensor, name, real)
+
+
+def measure(n_docs: int, queries: int, overrides: list[str], repeats: int) -> dict:
+    import torch
+    from torch.profiler import profile
+
+    from pgrank.config import load_params
+    from pgrank.core.objectives import OBJECTIVES
+    from pgrank.data.corpus_store import build_corpus_store
+    from pgrank.data.token_store import build_token_store, corpus_blocks, open_token_store
+    from pgrank.models.loading import load_encoder
+    from pgrank.models.packing import enable_packing, packs
+    from pgrank.training.batches import Example, candidate_scores, query_generators
+    from pgrank.training.step import accumulate_gradients
+    from pgrank.training.step_inputs import StepTokens, prepare_step
+
+    torch.set_num_threads(1)  # one core: the host thread of a GPU step
+    params = load_params(ROOT / "params.yaml", ["train.tower=both", *overrides])
+    cfg = params.train
+    rng = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory(prefix="step-overhead-") as tmp:
+        work = Path(tmp)
+        folder = paper_models.build("sbert", work / "model", size="depth")
+        model = load_encoder(str(folder), params.models, device="cpu", max_seq_length=cfg.max_doc_length).train()
+        store = build_corpus_store(corpus(work, n_docs, rng), work / "store", dataset="bench", corpus_sha256="0" * 64)
+        started = time.perf_counter()
+        documents = build_token_store(model, corpus_blocks(store), len(store), work / "tokens", task="document",
+                                      max_length=cfg.max_doc_length, source={"name": "bench", "sha256": "0" * 64})
+        tokenize_s = time.perf_counter() - started
+        vocab = paper_models.words(20_000)
+        texts = [" ".join(vocab[j] for j in rng.integers(0, len(vocab), 6)) for _ in range(queries)]
+        query_store = build_token_store(model, lambda lo, hi: texts[lo:hi], queries, work / "queries", task="query",
+                                        max_length=cfg.max_query_length, source={"name": "q", "sha256": "1" * 64})
+        tokens = StepTokens(open_token_store(query_store.folder), documents)
+        enable_packing(model, documents.gather(np.arange(8)), documents.features)
+        per = n_docs // queries
+        examples = []
+        for q in range(queries):  # disjoint candidate sets, as MS MARCO's training queries nearly are
+            grades = np.zeros(per, dtype=np.int8)
+            grades[rng.integers(0, per)] = 1
+            examples.append(Example(f"q{q}", texts[q], np.arange(q * per, (q + 1) * per), grades, q))
+        docs = queries * per
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        # foreach: the multi-tensor optimizer and clip that PyTorch picks for CUDA tensors (the trainer's defaults)
+        optimizer = torch.optim.AdamW(trainable, lr=cfg.learning_rate, foreach=True)
+        device = torch.device("cpu")
+
+        def step():
+            inputs = prepare_step(examples, params, tokens, epoch=1, model=model, device=device)
+            accumulate_gradients(model, inputs, params, epoch=1, frozen=None)
+            float(torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip or math.inf, foreach=True))
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            return inputs
+
+        small = examples[:2]
+        prepare_step(small, params, tokens, epoch=1, model=model, device=device)  # warm-up: allocator, kernels
+        walls = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            inputs = step()
+            walls.append(time.perf_counter() - started)
+        with HostReads() as reads, profile() as prof:
+            started = time.perf_counter()
+            step()
+            profiled = time.perf_counter() - started
+        started = time.perf_counter()
+        prepare_step(examples, params, tokens, epoch=1, model=model, device=device)
+        prepare = time.perf_counter() - started
+        ops = top_level_ops(prof)
+        in_ops = sum(e.cpu_time_total for e in ops) / 1e6  # seconds inside dispatched operations
+        names = collections.Counter(e.name for e in ops)
+        reads_of_device = collections.Counter(e.name for e in prof.events() if e.name in SYNC_OPS and not _in_optimizer(e))
+        syncs = sum(reads_of_device.values()) + reads.count
+
+        scores = candidate_scores(torch.randn(queries, 8), torch.randn(docs, 8, requires_grad=True),
+                                  inputs.batch.index, cfg.similarity)
+        pg = cfg.pg
+        with profile() as prof:
+            gens = query_generators(cfg.seed, 1, [ex.qid for ex in examples], device)
+            OBJECTIVES["pg"](scores, inputs.batch.relevance, inputs.batch.mask, temperature=pg.temperature,
+                             generator=gens, num_samples=pg.num_samples, utility=pg.utility, estimator=pg.estimator,
+                             baseline=pg.baseline, entropy_coef=pg.entropy_coef, entropy=pg.entropy,
+                             reference_scores=None, kl_coef=0.0, kl=pg.kl).loss.backward()
+        estimator_ops = len(top_level_ops(prof))
+    wall = statistics.median(walls)
+
+    real = sum(c.real for c in inputs.documents)
+    processed = sum(c.processed for c in inputs.documents)
+    grid = sum(int(c.features["pgrank_pad"].texts * c.features["pgrank_pad"].longest) if "pgrank_pad" in c.features
+               else c.processed for c in inputs.documents)
+    return {
+        "documents": docs, "queries": queries, "candidates": per, "chunk_tokens": cfg.chunk_tokens,
+        "chunks": len(inputs.documents), "packed": packs(model), "estimator": pg.estimator,
+        "num_samples": pg.num_samples, "max_doc_length": cfg.max_doc_length,
+        "mean_tokens": round(real / docs, 1), "tokenize_s": round(tokenize_s, 2),
+        "wall_s": round(wall, 3), "profiled_s": round(profiled, 3), "prepare_s": round(prepare, 4), "in_ops_s": round(in_ops, 3),
+        "host_us_per_doc": round(max(profiled - in_ops, 0.0) / docs * 1e6, 2),
+        "wall_us_per_doc": round(wall / docs * 1e6, 1),
+        "ops_per_step": len(ops), "estimator_ops": estimator_ops, "ops_per_doc": round(len(ops) / docs, 3),
+        "real_token_fraction": round(real / processed, 4), "attention_real_fraction": round(real / grid, 4),
+        "syncs_per_step": syncs, "sync_ops": dict(reads_of_device), "host_reads": reads.count,
+        "top_ops": dict(names.most_common(12)),
+    }
+
+
+GOALS = {"host_us_per_doc": ("<=", 5), "ops_per_doc": ("<=", 0.5), "real_token_fraction": (">=", 0.95),
+         "syncs_per_step": ("<=", 8)}
+
+
+def render(record: dict) -> str:
+    s = record["step"]
+    rows = []
+    for key, (cmp, bound) in GOALS.items():
+        value = s[key]
+        met = value <= bound if cmp == "<=" else value >= bound
+        rows.append((f"`{key}`", value, f"{cmp} {bound}", "met" if met else "not met"))
+    lines = [f"{s['documents']:,} documents ({s['queries']} queries x {s['candidates']} candidates, {s['mean_tokens']} "
+             f"tokens on average), chunks of {s['chunk_tokens']:,} tokens ({s['chunks']} chunks, "
+             f"{'packed' if s['packed'] else 'padded'}), estimator {s['estimator']} with {s['num_samples']} rankings "
+             f"per query. Step {s['wall_s']} s on this CPU, {s['in_ops_s']} s of the profiled {s['profiled_s']} s "
+             f"inside its {s['ops_per_step']:,} dispatched operations ({s['estimator_ops']} of them the estimator's); "
+             f"laying out its inputs took {s['prepare_s']} s.",
+             "",
+             *table(("figure", "measured", "goal", ""), rows, "lrll"), "",
+             f"Attention's real-token fraction on this CPU's grid layout: {s['attention_real_fraction']}. "
+             f"Sync ops: {s['sync_ops'] or 'none'}, host reads: {s['host_reads']}."]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--documents", type=int, default=8192, help="documents in the step (default 8192)")
+    parser.add_argument("--queries", type=int, default=8, help="queries, each with documents / queries candidates")
+    parser.add_argument("--repeats", type=int, default=1, help="timed steps (the median is reported)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        help="a params.yaml override, e.g. train.chunk_tokens=65536 (repeatable)")
+    add_out_option(parser, __file__)
+    args = parser.parse_args()
+    record = new_record("Host overhead of a paper-shape training step (CPU proxy)")
+    record["step"] = measure(args.documents, args.queries, args.overrides, args.repeats)
+    save(record, args.out, render)
+
+
+if __name__ == "__main__":
+    main()

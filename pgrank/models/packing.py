@@ -1,0 +1,286 @@
+"""Pre-tokenized texts into a model: length-sorted chunks cut by a token budget, packed without padding.
+
+The one data path from a token store (:mod:`pgrank.data.token_store`) to a sentence-transformers model, for
+training (:mod:`pgrank.training.grad_cache`) as for encoding a corpus:
+
+1. :func:`plan_chunks` sorts the texts by length (longest first) and cuts them into chunks whose size times
+   longest text is at most ``budget`` (``train.chunk_tokens``); the caller scatters each chunk's embeddings back
+   to the texts' own order.
+2. :func:`chunk_features` lays a chunk out for the model, on the host, into pinned memory, copied without
+   blocking. *Packed* (:func:`enable_packing`): the chunk's tokens one after the other in one ``(1, T)``
+   row with per-text position ids and sentence-transformers' flattened keys (``cu_seq_lens_q``), so the
+   linear layers, which hold almost all of the arithmetic, see no padding at all and ``Pooling`` pools each
+   text's span (its ``_forward_flattened``). *Padded*: ``preprocess``'s own layout (right-padded ids and an
+   attention mask), which length sorting keeps nearly free of padding; models that cannot pack use it.
+3. Attention of a packed chunk (:func:`packed_attention`, registered with transformers'
+   ``AttentionInterface``): on CUDA, without attention dropout, FlashAttention's variable-length kernel
+   (``torch.nn.attention.varlen.varlen_attn``); otherwise the chunk's keys, queries and values are laid into a
+   ``(texts, longest)`` grid by one precomputed index and run through ``scaled_dot_product_attention`` with a
+   key mask. Either way it costs a fixed number of operations per layer, whatever the number of texts.
+
+Packing applies to encoders with absolute, per-text position ids (BERT, DistilBERT, MiniLM); each is checked on
+a probe against the padded layout when packing is enabled, and a model that differs (or any other
+architecture, T5 with its relative position buckets among them) runs padded. A chunk of packed tokens
+and a padded one give the same embeddings to float rounding (tested).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from pgrank.data.token_store import TokenRows
+from pgrank.errors import PgrankError
+
+PACKED = "pgrank_packed"
+_PACKABLE = {"bert", "distilbert"}  # absolute position ids per text, attention through transformers' interface
+_FLAG = "_pgrank_packing"
+
+
+class PackingError(PgrankError):
+    """A chunk budget that cannot hold a text."""
+
+
+# ------------------------------------------------------------------------------------------- attention
+
+
+@dataclass(frozen=True)
+class PadIndex:
+    """Where each packed token sits in a ``(texts, longest)`` grid: one chunk's attention layout, made once."""
+
+    flat: Tensor  # (T,) long: text * longest + position
+    keep: Tensor  # (texts, 1, 1, longest) bool: the grid's real keys
+    cu: Tensor  # (texts + 1,) int32 cumulative lengths
+    texts: int
+    longest: int
+
+
+def packed_attention(module, query: Tensor, key: Tensor, value: Tensor, attention_mask, dropout: float = 0.0,
+                     scaling: float | None = None, is_causal=None, **kwargs):
+    """Attention over a packed chunk (``query``: ``(1, heads, T, head_dim)``); any other call goes to the model's
+    own attention (``module.config._pgrank_fallback``)."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    pad: PadIndex | None = kwargs.pop("pgrank_pad", None)
+    if pad is None:
+        name = getattr(module.config, "_pgrank_fallback", "sdpa")
+        fallback = ALL_ATTENTION_FUNCTIONS[name] if name in ALL_ATTENTION_FUNCTIONS else ALL_ATTENTION_FUNCTIONS["sdpa"]
+        return fallback(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                        is_causal=is_causal, **kwargs)
+    heads, width = query.shape[1], query.shape[3]
+    if query.is_cuda and dropout == 0.0 and query.dtype in (torch.float16, torch.bfloat16) and _varlen() is not None:
+        out = _varlen()(query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1), pad.cu, pad.cu,
+                        pad.longest, pad.longest, scale=scaling)
+        return out.unsqueeze(0), None  # (1, T, heads, head_dim)
+    qkv = torch.stack((query[0], key[0], value[0]))  # (3, heads, T, head_dim)
+    grid = qkv.new_zeros(3, heads, pad.texts * pad.longest, width).index_copy_(2, pad.flat, qkv)
+    q, k, v = grid.view(3, heads, pad.texts, pad.longest, width).transpose(1, 2).unbind(0)
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=pad.keep, dropout_p=dropout, scale=scaling)
+    out = out.transpose(0, 1).reshape(heads, pad.texts * pad.longest, width).index_select(1, pad.flat)
+    return out.transpose(0, 1).unsqueeze(0), None
+
+
+def _varlen():
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(PACKED, packed_attention)
+    AttentionMaskInterface.register(PACKED, sdpa_mask)
+
+
+def _text_modules(model) -> list:
+    return [m for m in model.modules() if getattr(m, "tokenizer", None) is not None and hasattr(m, "auto_model")]
+
+
+def packs(model) -> bool:
+    """Whether :func:`enable_packing` switched ``model`` to packed chunks."""
+    return bool(getattr(model, _FLAG, False))
+
+
+def enable_packing(model, probe: TokenRows, layout: dict) -> bool:
+    """Switch ``model``'s attention to :func:`packed_attention` when its architecture packs, and keep it only if a
+    packed probe encodes like the padded layout (eval mode, float32). Returns whether the model now packs."""
+    if hasattr(model, _FLAG):
+        return packs(model)
+    modules = _text_modules(model)
+    ok = bool(modules) and all(m.auto_model.config.model_type in _PACKABLE for m in modules)
+    if ok:
+        _register()
+        previous = [m.auto_model.config._attn_implementation for m in modules]
+        try:
+            for m, name in zip(modules, previous):
+                m.auto_model.config._pgrank_fallback = name
+                m.auto_model.set_attn_implementation(PACKED)
+            ok = _probe_agrees(model, probe, layout)
+        except (ValueError, TypeError, RuntimeError, KeyError, AttributeError):
+            ok = False
+        if not ok:
+            for m, name in zip(modules, previous):
+                m.auto_model.set_attn_implementation(name)
+    object.__setattr__(model, _FLAG, ok)
+    return ok
+
+
+def _probe_agrees(model, probe: TokenRows, layout: dict) -> bool:
+    device = next(model.parameters()).device
+    was = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            a = model(chunk_features(probe, layout, packed=True, device=device))["sentence_embedding"].float()
+            b = model(chunk_features(probe, layout, packed=False, device=device))["sentence_embedding"].float()
+    finally:
+        model.train(was)
+    return a.shape == b.shape and bool(torch.allclose(a, b, atol=1e-4, rtol=1e-3))
+
+
+# ------------------------------------------------------------------------------------------- chunks
+
+
+def plan_chunks(lengths: np.ndarray, budget: int) -> list[np.ndarray]:
+    """Positions of the texts, longest first, cut into chunks whose size times longest text is at most ``budget``.
+
+    Sorted by length, a chunk's texts are nearly as long as its longest, so the budget bounds the tokens a chunk
+    processes in either layout (packed, its linear layers see only the texts' tokens; attention and a padded
+    layout see the grid), and with it the chunk's activation memory.
+
+    Raises:
+        PackingError: a text longer than the budget.
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if not len(lengths):
+        return []
+    if int(lengths.max()) > budget:
+        raise PackingError(f"a text of {int(lengths.max())} tokens does not fit a chunk budget of {budget} tokens")
+    order = np.argsort(-lengths, kind="stable")
+    ordered = lengths[order]
+    cuts, start, n = [], 0, len(order)
+    while start < n:
+        end = min(n, start + max(1, budget // int(max(ordered[start], 1))))
+        cuts.append((start, end))
+        start = end
+    return [order[a:b] for a, b in cuts]
+
+
+def processed_tokens(lengths: np.ndarray, *, packed: bool) -> int:
+    """Tokens a chunk of these lengths puts through the model's linear layers."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if not len(lengths):
+        return 0
+    return int(lengths.sum()) if packed else int(len(lengths) * lengths.max())
+
+
+def _tensor(array: np.ndarray, device: torch.device) -> Tensor:
+    """A host array on ``device``: through pinned memory and a non-blocking copy on CUDA."""
+    t = torch.from_numpy(np.ascontiguousarray(array))
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t
+
+
+def chunk_features(rows: TokenRows, layout: dict, *, packed: bool, device: torch.device | str = "cpu") -> dict:
+    """The features dict of one chunk for the model's ``forward``: packed or padded (see the module docstring)."""
+    device = torch.device(device)
+    lengths = np.asarray(rows.lengths, dtype=np.int64)
+    n, total = len(lengths), int(lengths.sum())
+    longest = int(lengths.max()) if n else 0
+    starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    position = np.arange(total, dtype=np.int64) - np.repeat(starts[:-1], lengths)
+    features: dict = {}
+    if packed:
+        text = np.repeat(np.arange(n, dtype=np.int64), lengths)
+        keep = np.arange(longest)[None, :] < lengths[:, None]
+        features["input_ids"] = _tensor(rows.ids.astype(np.int64)[None, :], device)
+        features["position_ids"] = _tensor(position[None, :], device)
+        if "token_type_ids" in layout["keys"]:
+            features["token_type_ids"] = torch.zeros(1, total, dtype=torch.long, device=device)
+        cu = _tensor(starts.astype(np.int32), device)
+        features["cu_seq_lens_q"] = cu
+        features["seq_idx"] = _tensor(text[None, :], device)  # Pooling's segments, without a read of the lengths
+        features["pgrank_pad"] = PadIndex(_tensor(text * longest + position, device),
+                                          _tensor(keep[:, None, None, :], device), cu, n, longest)
+    else:
+        ids = np.full((n, longest), layout["pad_id"], dtype=np.int64)
+        mask = np.zeros((n, longest), dtype=np.int64)
+        text = np.repeat(np.arange(n, dtype=np.int64), lengths)
+        column = position if layout.get("padding_side", "right") == "right" else position + np.repeat(longest - lengths, lengths)
+        ids[text, column] = rows.ids
+        mask[text, column] = 1
+        features["input_ids"] = _tensor(ids, device)
+        features["attention_mask"] = _tensor(mask, device)
+        if "token_type_ids" in layout["keys"]:
+            features["token_type_ids"] = torch.zeros(n, longest, dtype=torch.long, device=device)
+    if layout.get("prompt_length") is not None:
+        features["prompt_length"] = layout["prompt_length"]
+    return features
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One chunk of a step's texts: ``positions`` into the texts, and its features on the device."""
+
+    positions: np.ndarray
+    index: Tensor  # the positions on the device
+    features: dict
+    real: int  # tokens of text
+    processed: int  # tokens through the linear layers
+
+
+def chunks_of(rows: TokenRows, layout: dict, budget: int, *, packed: bool, device) -> list[Chunk]:
+    """The chunks of a step's texts (:func:`plan_chunks`), laid out and on their way to ``device``.
+
+    Raises:
+        PackingError: a text longer than ``budget``.
+    """
+    out = []
+    for positions in plan_chunks(rows.lengths, budget):
+        part = rows.take(positions)
+        out.append(Chunk(positions, _tensor(positions.astype(np.int64), torch.device(device)),
+                         chunk_features(part, layout, packed=packed, device=device),
+                         int(part.lengths.sum()), processed_tokens(part.lengths, packed=packed)))
+    return out
+
+
+def autocast(device: torch.device, amp: str) -> contextlib.AbstractContextManager:
+    """bf16 autocast on CUDA when ``amp == "bf16"``; a no-op elsewhere (CPU trains in float32)."""
+    if device.type == "cuda" and amp == "bf16":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def run_chunk(model, chunk: Chunk, *, task: str, amp: str = "off", forward=None) -> Tensor:
+    """``(texts in the chunk, d)`` float32 embeddings of one chunk, differentiable unless under ``no_grad``."""
+    device = next(model.parameters()).device
+    with autocast(device, amp):
+        out = (forward or model)(dict(chunk.features), task=task)
+    return out["sentence_embedding"].float()
+
+
+def scatter(parts: list[Tensor], chunks: list[Chunk], n: int) -> Tensor:
+    """The chunks' embeddings back in the texts' own order, ``(n, d)``."""
+    order = torch.cat([c.index for c in chunks]) if len(chunks) > 1 else chunks[0].index
+    stacked = torch.cat(parts) if len(parts) > 1 else parts[0]
+    return stacked.new_empty(n, stacked.shape[1]).index_copy_(0, order, stacked)
+
+
+def text_chunks(model, texts: list[str], *, task: str, max_length: int, budget: int) -> list[Chunk]:
+    """``texts`` tokenized by ``model``'s ``preprocess`` and laid out as a step lays out its documents (packing
+    switched on where the model packs): what measuring a training chunk's rate runs, tokenizing untimed."""
+    from pgrank.data.token_store import tokenize
+
+    ids, lengths, layout = tokenize(model, texts, task=task, max_length=max_length)
+    rows = TokenRows(ids, lengths)
+    enable_packing(model, rows.take(np.arange(min(8, len(rows)))), layout)
+    return chunks_of(rows, layout, budget, packed=packs(model), device=next(model.parameters()).device)
