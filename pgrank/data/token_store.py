@@ -121,16 +121,16 @@ def tokenizer_identity(model, task: str, max_length: int) -> dict:
     ``Router`` sends queries and documents to different modules (``preprocess`` adds no prompt, so otherwise
     queries and documents tokenize alike). ``sha256`` digests it all."""
     parts = []
-    for module in _transformers(model):
+    for module in [m for m in model.modules() if getattr(m, "tokenizer", None) is not None]:
         tok = module.tokenizer
-        backend = getattr(tok, "backend_tokenizer", None)
+        backend = getattr(tok, "backend_tokenizer", None) or (tok if hasattr(tok, "to_str") else None)
         if backend is not None:
             spec = json.loads(backend.to_str())
             spec.pop("truncation", None)
             spec.pop("padding", None)
         else:  # a slow tokenizer: its vocabulary and settings
             spec = {"vocab": sorted(tok.get_vocab().items()), "init": str(getattr(tok, "init_kwargs", {}))}
-        parts.append({"class": type(tok).__name__, "spec": spec, "padding_side": tok.padding_side})
+        parts.append({"class": type(tok).__name__, "spec": spec, "padding_side": getattr(tok, "padding_side", None)})
     routed = any(type(m).__name__ == "Router" for m in model.modules())
     blob = json.dumps({"tokenizers": parts, "task": task if routed else None, "max_length": max_length},
                       sort_keys=True, default=str)
@@ -141,6 +141,12 @@ def tokenizer_identity(model, task: str, max_length: int) -> dict:
 def tokenize(model, texts: list[str], *, task: str, max_length: int) -> tuple[np.ndarray, np.ndarray, dict]:
     """``(ids, lengths, layout)`` of ``texts`` as the model's ``preprocess`` tokenizes them, padding removed."""
     features = model.preprocess(list(texts), task=task, max_length=max_length)
+    if "attention_mask" not in features and "offsets" in features:  # an embedding bag (StaticEmbedding): flat ids
+        ids = features["input_ids"].numpy().astype(np.int32)
+        ends = np.append(features["offsets"].numpy()[1:], len(ids)).astype(np.int64)
+        lengths = ends - features["offsets"].numpy().astype(np.int64)
+        return ids, lengths, {"bag": True, "pad_id": 0, "keys": ["input_ids", "offsets"], "padding_side": "right",
+                              "prompt_length": None}
     mask = features["attention_mask"].bool()
     ids = features["input_ids"][mask].numpy().astype(np.int32)
     lengths = mask.sum(1).numpy().astype(np.int64)
@@ -275,8 +281,9 @@ def open_token_store(folder: str | Path, identity: dict | None = None) -> TokenS
     if offsets.ndim != 1 or len(offsets) != n + 1 or offsets.dtype != np.int64:
         raise DataError(f"{path}: damaged: {offsets.shape} {offsets.dtype} offsets for {n} texts; {remedy}")
     lengths = np.diff(offsets)
+    bounded = not meta["features"].get("bag")  # an embedding bag's tokenizer does not truncate
     if int(offsets[0]) != 0 or int(offsets[-1]) != len(ids) or len(ids) != int(meta["num_tokens"]) \
-            or (n and (lengths.min() < 0 or lengths.max() > max_length)):
+            or (n and (lengths.min() < 0 or (bounded and lengths.max() > max_length))):
         raise DataError(f"{path}: damaged: offsets do not cut {len(ids)} token ids into {n} texts of at most "
                         f"{max_length} tokens; {remedy}")
     return TokenStore(folder, ids, offsets, meta)

@@ -199,7 +199,10 @@ def chunk_features(rows: TokenRows, layout: dict, *, packed: bool, device: torch
     starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     position = np.arange(total, dtype=np.int64) - np.repeat(starts[:-1], lengths)
     features: dict = {}
-    if packed:
+    if layout.get("bag"):  # an embedding bag (StaticEmbedding): flat ids and each text's first position
+        features["input_ids"] = _tensor(rows.ids.astype(np.int64), device)
+        features["offsets"] = _tensor(starts[:-1], device)
+    elif packed:
         text = np.repeat(np.arange(n, dtype=np.int64), lengths)
         keep = np.arange(longest)[None, :] < lengths[:, None]
         features["input_ids"] = _tensor(rows.ids.astype(np.int64)[None, :], device)
@@ -245,7 +248,8 @@ def chunks_of(rows: TokenRows, layout: dict, budget: int, *, packed: bool, devic
         PackingError: a text longer than ``budget``.
     """
     out = []
-    for positions in plan_chunks(rows.lengths, budget):
+    lengths = np.minimum(rows.lengths, budget) if layout.get("bag") else rows.lengths  # a bag has no length limit
+    for positions in plan_chunks(lengths, budget):
         part = rows.take(positions)
         out.append(Chunk(positions, _tensor(positions.astype(np.int64), torch.device(device)),
                          chunk_features(part, layout, packed=packed, device=device),

@@ -69,10 +69,10 @@ class Reference:
         shutil.copytree(self.work, self.pristine, symlinks=True)
         # Artifacts a stage creates outside the workspace, shared by profiles: gone before it first runs.
         self.shared = {"download": [self.data / "beir"], "mine-train": [self.data / "embeddings"]}
-        # Content-keyed caches built on first use by whichever stage needs them (the corpus store, the corpus
+        # Content-keyed caches built on first use by whichever stage needs them (the corpus store, token stores, the corpus
         # embeddings and BM25 index): removed with the shared data above, they come back when next needed, so
         # after a rerun of that stage alone an entry may be absent, but one that is there must be identical.
-        self.caches = (f"{self.data.name}/beir/.stores/", f"{self.data.name}/embeddings/")
+        self.caches = (f"{self.data.name}/beir/.stores/", f"{self.data.name}/beir/.tokens/", f"{self.data.name}/embeddings/")
 
     def restore(self, stage: str) -> None:
         shutil.rmtree(self.work)

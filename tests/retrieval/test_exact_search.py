@@ -167,7 +167,7 @@ def test_torch_and_faiss_backends_give_the_same_rows_and_scores():
     torch_s, torch_r = dense_search(queries, blocks_of(corpus, 512), ranks, 50, backend="torch")
     faiss_s, faiss_r = dense_search(queries, blocks_of(corpus, 512), ranks, 50, backend="faiss", use_gpu=False)
     np.testing.assert_array_equal(torch_r, faiss_r)
-    np.testing.assert_allclose(torch_s, faiss_s, rtol=0, atol=1e-6)  # BLAS libraries may round the last bit apart
+    np.testing.assert_allclose(torch_s, faiss_s, rtol=2e-6, atol=1e-6)  # BLAS kernels may round a few last bits apart
     # with exact arithmetic (small integers), bitwise the same scores, ties at the cut-off included
     corpus, queries = integer_corpus(rng, 300), rng.integers(-2, 3, size=(40, 16)).astype(np.float32)
     ranks = id_ranks([f"d{i}" for i in range(300)][::-1])

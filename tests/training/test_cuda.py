@@ -162,3 +162,32 @@ def test_a_whole_training_run_on_cuda_in_both_towers_writes_checkpoints_that_loa
     policy = SentenceTransformer(str(result.final), device="cuda")
     assert [type(m).__name__ for m in policy] == ["Transformer", "Pooling", "Dense", "Normalize"]
     assert policy.encode(["a query"]).shape == (1, 24)
+
+
+def test_a_packed_bf16_step_reads_the_device_a_handful_of_times(tmp_path, paper_model):
+    """The step's synchronisations, counted by CUDA's sync debug mode: its figures read once, the queries' padding
+    check once; the gradient norm is the trainer's one read after it."""
+    import warnings
+
+    from pgrank.models.packing import packs
+
+    folder = paper_model("sbert")
+    params, paths = make_project(tmp_path, folder, overrides={"train.tower": "both", "train.chunk_tokens": 512})
+    examples, corpus = _examples(params, paths)
+    model = _model(folder, params, train_mode=True)
+    inputs = step_of(params, paths, model, examples, corpus, device="cuda")
+    assert packs(model) and len(inputs.documents) > 1
+    accumulate_gradients(model, inputs, params, epoch=1, frozen=None)  # warm-up
+    model.zero_grad(set_to_none=True)
+    inputs = step_of(params, paths, model, examples, corpus, device="cuda")
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            stats = accumulate_gradients(model, inputs, params, epoch=1, frozen=None)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    syncs = [w for w in caught if "synchroniz" in str(w.message)]
+    assert torch.isfinite(torch.tensor(stats.loss))
+    assert len(syncs) <= 8, [str(w.message) for w in syncs]
