@@ -121,7 +121,7 @@ class TrainConfig(Section):
     max_query_length: PositiveInt = 64
     max_doc_length: PositiveInt = 256
     chunk_tokens: PositiveInt = Field(
-        default=131072, description="token budget of one chunk of documents encoded at once (cached-gradient "
+        default=262144, description="token budget of one chunk of documents encoded at once (cached-gradient "
                                     "chunking, validation): documents sorted by length, packed without padding "
                                     "where the model allows; at least max_doc_length")
     amp: Literal["bf16", "off"] = "bf16"

@@ -30,7 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -121,7 +121,7 @@ def tokenizer_identity(model, task: str, max_length: int) -> dict:
     ``Router`` sends queries and documents to different modules (``preprocess`` adds no prompt, so otherwise
     queries and documents tokenize alike). ``sha256`` digests it all."""
     parts = []
-    for module in [m for m in model.modules() if getattr(m, "tokenizer", None) is not None]:
+    for module in [m for m in model.modules() if m is not model and getattr(m, "tokenizer", None) is not None]:
         tok = module.tokenizer
         backend = getattr(tok, "backend_tokenizer", None) or (tok if hasattr(tok, "to_str") else None)
         if backend is not None:
@@ -316,10 +316,3 @@ def query_tokens(model, paths, store, *, max_length: int) -> TokenStore:
     folder = paths.token_store(name, identity["sha256"], max_length, sha)
     return build_token_store(model, blocks_of(store.queries), len(store), folder, task="query", max_length=max_length,
                              source={"name": name, "sha256": sha, "kind": "queries"})
-
-
-def iter_rows(store: TokenStore, rows: np.ndarray, block: int) -> Iterator[tuple[np.ndarray, TokenRows]]:
-    """``(rows, their tokens)`` ``block`` rows at a time."""
-    for lo in range(0, len(rows), block):
-        part = rows[lo : lo + block]
-        yield part, store.gather(part)

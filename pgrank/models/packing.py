@@ -264,12 +264,18 @@ def autocast(device: torch.device, amp: str) -> contextlib.AbstractContextManage
     return contextlib.nullcontext()
 
 
-def run_chunk(model, chunk: Chunk, *, task: str, amp: str = "off", forward=None) -> Tensor:
-    """``(texts in the chunk, d)`` float32 embeddings of one chunk, differentiable unless under ``no_grad``."""
+def run_features(model, features: dict, *, task: str, amp: str = "off", forward=None) -> Tensor:
+    """``(n, d)`` float32 embeddings of laid-out features (:func:`chunk_features`), differentiable unless under
+    ``no_grad``; ``forward``: the callable to run them through (a DDP wrapper of ``model``)."""
     device = next(model.parameters()).device
     with autocast(device, amp):
-        out = (forward or model)(dict(chunk.features), task=task)
+        out = (forward or model)(dict(features), task=task)  # a copy: the modules add their outputs to it
     return out["sentence_embedding"].float()
+
+
+def run_chunk(model, chunk: Chunk, *, task: str, amp: str = "off", forward=None) -> Tensor:
+    """``(texts in the chunk, d)`` float32 embeddings of one chunk (:func:`run_features` of its features)."""
+    return run_features(model, chunk.features, task=task, amp=amp, forward=forward)
 
 
 def scatter(parts: list[Tensor], chunks: list[Chunk], n: int) -> Tensor:

@@ -86,14 +86,6 @@ def encode(
     return out["sentence_embedding"].float()
 
 
-def run_features(model, features: dict, *, task: str, amp: str = "off", forward=None) -> torch.Tensor:
-    """``(n, d)`` float32 embeddings of laid-out features (:func:`pgrank.models.packing.chunk_features`)."""
-    device = next(model.parameters()).device
-    with autocast(device, amp):
-        out = (forward or model)(dict(features), task=task)
-    return out["sentence_embedding"].float()
-
-
 def token_chunks(model, rows: TokenRows, layout: dict, budget: int) -> list[Chunk]:
     """A step's texts as chunks for ``model`` (packed when it packs), on their way to its device."""
     return chunks_of(rows, layout, budget, packed=packs(model), device=model_device(model))

@@ -24,7 +24,8 @@ from torch import Tensor
 
 from pgrank.config import TrainConfig
 from pgrank.training.batches import FrozenDocuments, candidate_scores
-from pgrank.training.grad_cache import encode_tokens, run_features
+from pgrank.models.packing import run_features
+from pgrank.training.grad_cache import encode_tokens
 
 
 class ReferencePolicy:

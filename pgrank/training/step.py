@@ -22,7 +22,8 @@ from pgrank.core.drift import cosine_drift
 from pgrank.core.objectives import OBJECTIVES
 from pgrank.errors import PgrankError
 from pgrank.training.batches import FrozenDocuments, candidate_scores, query_generators
-from pgrank.training.grad_cache import backward_cached, encode_cached, run_features
+from pgrank.models.packing import run_features
+from pgrank.training.grad_cache import backward_cached, encode_cached
 from pgrank.training.reference import ReferencePolicy
 from pgrank.training.step_inputs import StepInputs
 

@@ -21,8 +21,9 @@ import torch
 
 from pgrank.config import Params
 from pgrank.data.token_store import TokenStore
-from pgrank.models.packing import Chunk, chunk_features, chunks_of, packs
+from pgrank.models.packing import Chunk, chunk_features
 from pgrank.training.batches import Batch, make_batch
+from pgrank.training.grad_cache import token_chunks
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ def prepare_step(examples, params: Params, tokens: StepTokens, *, epoch: int, mo
     documents = None
     if cfg.tower == "both":
         rows = tokens.documents.gather(batch.unique_rows)
-        documents = chunks_of(rows, tokens.documents.features, cfg.chunk_tokens, packed=packs(model), device=device)
+        documents = token_chunks(model, rows, tokens.documents.features, cfg.chunk_tokens)
     rows = a_queries = a_documents = None
     if cfg.document_anchor.coef:
         rows = anchor_rows(batch, cfg.seed, epoch, cfg.document_anchor.documents)
