@@ -116,6 +116,24 @@ def end_orphaned_runs(experiment_id: str) -> list[str]:
     return ended
 
 
+def _end_killed(run: Any) -> None:
+    """End a stopped run ``KILLED``, and the runs of the processes the stop ended, as far as the store lets it.
+
+    A stop must end the process with its one line, not with a store error: when the store cannot be written
+    now (an sqlite file another writer holds past its timeout), the run stays ``RUNNING`` and the next process
+    that opens the store marks it ``KILLED`` once this one is gone (:func:`end_orphaned_runs`).
+    """
+    import mlflow
+
+    for what, end in (("the runs of ended processes", lambda: end_orphaned_runs(run.info.experiment_id)),
+                      (f"run {run.info.run_id}", lambda: mlflow.end_run("KILLED"))):
+        try:
+            end()
+        except Exception as exc:  # noqa: BLE001 - MlflowException, sqlite's "database is locked"
+            log.warning("MLflow: %s not marked KILLED (%s); the next stage that opens the store marks them",
+                        what, (str(exc).splitlines() or [type(exc).__name__])[0])
+
+
 @contextlib.contextmanager
 def stage_run(
     params: Params,
@@ -163,8 +181,7 @@ def stage_run(
                 if resources:
                     log_metrics(run, process_resources())
                 if stopped:  # KILLED, not FAILED; and so are the runs of the processes the stop ended
-                    end_orphaned_runs(run.info.experiment_id)
-                    mlflow.end_run("KILLED")
+                    _end_killed(run)
     except BaseException:
         failed = True  # a failing stage ends with its one error line, not a resource report after it
         raise

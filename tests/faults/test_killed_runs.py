@@ -85,3 +85,30 @@ def test_a_stop_while_a_stage_logs_its_params_ends_its_run_killed(tmp_path, monk
     client = mlflow.MlflowClient(tracking.tracking_uri(params, paths))
     (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()], "tags.stage = 'train'")
     assert run.info.status == "KILLED"
+
+
+def test_a_stop_while_another_writer_holds_the_store_ends_with_the_stop_not_a_store_error(tmp_path, monkeypatch, caplog):
+    import sqlite3
+
+    import mlflow
+
+    params = workspace_params(tmp_path, monkeypatch)
+    paths = Paths.from_config(params.paths, base=tmp_path)
+    holder = None
+    try:
+        with caplog.at_level("WARNING", logger="pgrank.tracking"):
+            with tracking.stage_run(params, paths, "stopped", tags={"stage": "train"}) as run:
+                # another process writes the sqlite store past its busy timeout when the stop arrives
+                holder = sqlite3.connect(paths.mlflow_db, isolation_level=None)
+                holder.execute("BEGIN IMMEDIATE")
+                raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if holder is not None:
+            holder.execute("ROLLBACK")
+            holder.close()
+    assert mlflow.active_run() is None
+    assert f"run {run.info.run_id} not marked KILLED" in caplog.text
+    client = mlflow.MlflowClient(tracking.tracking_uri(params, paths))
+    assert client.get_run(run.info.run_id).info.status == "RUNNING"  # this process lives: a later stage ends it
