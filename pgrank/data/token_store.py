@@ -110,7 +110,7 @@ class TokenStore:
 # ------------------------------------------------------------------------------------------- identity
 
 
-def _transformers(model) -> list:
+def text_modules(model) -> list:
     """The model's text modules that own a tokenizer (one, or one per route of a ``Router``)."""
     return [m for m in model.modules() if getattr(m, "tokenizer", None) is not None and hasattr(m, "auto_model")]
 
@@ -153,10 +153,10 @@ def tokenize(model, texts: list[str], *, task: str, max_length: int) -> tuple[np
     types = features.get("token_type_ids")
     if types is not None and bool(types.any()):
         raise DataError("pre-tokenized texts need single-segment inputs; this model's tokenizer gave token type ids")
-    pad = [m.tokenizer.pad_token_id for m in _transformers(model)][:1] or [0]
+    pad = [m.tokenizer.pad_token_id for m in text_modules(model)][:1] or [0]
     keys = sorted(k for k, v in features.items() if hasattr(v, "shape") and getattr(v, "ndim", 0) == 2)
     prompt = features.get("prompt_length")
-    sides = [m.tokenizer.padding_side for m in _transformers(model)][:1] or ["right"]
+    sides = [m.tokenizer.padding_side for m in text_modules(model)][:1] or ["right"]
     layout = {"pad_id": int(pad[0] or 0), "keys": keys, "padding_side": sides[0],
               "prompt_length": None if prompt is None else int(prompt.reshape(-1)[0] if hasattr(prompt, "reshape") else prompt)}
     return ids, lengths, layout

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pgrank.data.token_store import TokenRows
+from pgrank.data.token_store import TokenRows, text_modules
 from pgrank.errors import PgrankError
 
 PACKED = "pgrank_packed"
@@ -100,10 +100,6 @@ def _register() -> None:
     AttentionMaskInterface.register(PACKED, sdpa_mask)
 
 
-def _text_modules(model) -> list:
-    return [m for m in model.modules() if getattr(m, "tokenizer", None) is not None and hasattr(m, "auto_model")]
-
-
 def packs(model) -> bool:
     """Whether :func:`enable_packing` switched ``model`` to packed chunks."""
     return bool(getattr(model, _FLAG, False))
@@ -114,7 +110,7 @@ def enable_packing(model, probe: TokenRows, layout: dict) -> bool:
     packed probe encodes like the padded layout (eval mode, float32). Returns whether the model now packs."""
     if hasattr(model, _FLAG):
         return packs(model)
-    modules = _text_modules(model)
+    modules = text_modules(model)
     ok = bool(modules) and all(m.auto_model.config.model_type in _PACKABLE for m in modules)
     if ok:
         _register()

@@ -273,3 +273,41 @@ def test_a_holder_killed_after_finishing_leaves_no_lock_behind(tmp_path, tiny):
     finally:
         holder.kill()
         holder.wait()
+
+
+def _token_store(model, store, folder):
+    from pgrank.data.token_store import build_token_store, corpus_blocks
+
+    return build_token_store(model, corpus_blocks(store), len(store), folder, task="document", max_length=64,
+                             source={"name": "c", "sha256": store.sha256})
+
+
+def test_a_corpus_encodes_through_its_token_store_in_packed_token_budget_chunks(tmp_path, tiny_model_dir, monkeypatch):
+    """No string is tokenized while the shards encode, and the embeddings are what encode gives."""
+    from pgrank.models.packing import packs
+
+    model = load_encoder(str(tiny_model_dir), ModelsConfig(), device="cpu")  # packing switches this instance
+    store = _corpus_store(tmp_path)
+    direct = model.encode_document([document_text(d) for d in CORPUS.values()], batch_size=8)
+    tokenized = []
+    monkeypatch.setattr(embeddings, "encode_documents", lambda *a, **k: pytest.fail("strings encoded"))
+    emb = build_corpus_embeddings(lambda: model, "tiny", store, tmp_path / "emb", corpus_sha256=store.sha256,
+                                  max_seq_length=64, batch_size=8, chunk_size=16, show_progress=False,
+                                  tokens=lambda m: tokenized.append(m) or _token_store(m, store, tmp_path / "tok"))
+    assert tokenized == [model] and packs(model)
+    np.testing.assert_allclose(np.concatenate([b for _, b in emb.blocks()]), direct, rtol=2e-3, atol=2e-3)
+
+
+def test_a_model_with_a_document_prompt_encodes_strings_as_encode_does(tmp_path, tiny_model_dir):
+    from pgrank.retrieval.dense.encoding import encodes_tokens
+
+    model = load_encoder(str(tiny_model_dir), ModelsConfig(), device="cpu")
+    assert encodes_tokens(model)
+    model.prompts = {"document": "passage: "}  # encode prepends it; a token store holds the bare texts
+    assert not encodes_tokens(model)
+    store = _corpus_store(tmp_path)
+    emb = build_corpus_embeddings(lambda: model, "tiny", store, tmp_path / "emb", corpus_sha256=store.sha256,
+                                  max_seq_length=64, batch_size=8, chunk_size=16, show_progress=False,
+                                  tokens=lambda m: pytest.fail("a prompted model read token ids"))
+    direct = model.encode_document([document_text(d) for d in CORPUS.values()], batch_size=8)
+    np.testing.assert_allclose(np.concatenate([b for _, b in emb.blocks()]), direct, rtol=2e-3, atol=2e-3)

@@ -47,7 +47,9 @@ from pgrank.data.artifact_meta import META, read_meta
 from pgrank.data.beir import document_text
 from pgrank.data.corpus_store import CorpusStore
 from pgrank.errors import DataError
-from pgrank.retrieval.dense.encoding import encode_documents, encoding_devices
+from pgrank.data.token_store import TokenStore
+from pgrank.models.packing import enable_packing
+from pgrank.retrieval.dense.encoding import encode_documents, encode_token_rows, encodes_tokens, encoding_devices
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
@@ -171,6 +173,7 @@ def build_corpus_embeddings(
     chunk_size: int,
     show_progress: bool = True,
     processes_per_gpu: int = 1,
+    tokens: Callable[["SentenceTransformer"], TokenStore] | None = None,
 ) -> CorpusEmbeddings:
     """Encode the corpus into ``folder`` shard by shard, resuming from finished shards.
 
@@ -186,10 +189,14 @@ def build_corpus_embeddings(
         show_progress: tqdm bar over documents.
         processes_per_gpu: processes of sentence-transformers' multi-process pool on each GPU
             (``models.processes_per_gpu``).
+        tokens: the corpus's token store for a loaded model (:func:`pgrank.data.token_store.corpus_tokens`).
 
     Returns:
-        The complete artifact. On CUDA, encoding uses sentence-transformers' multi-process pool
-        (:func:`pgrank.retrieval.dense.encoding.encoding_devices`); otherwise a plain ``encode`` on the model's device.
+        The complete artifact. On several GPUs, encoding uses sentence-transformers' multi-process pool
+        (:func:`pgrank.retrieval.dense.encoding.encoding_devices`). Otherwise a model that
+        :func:`pgrank.retrieval.dense.encoding.encodes_tokens` encodes ``tokens``' ids in token-budget chunks of
+        ``batch_size x max_seq_length`` tokens; any other (an ONNX export, a model with a document prompt, no
+        ``tokens``) runs a plain ``encode`` on the model's device.
     """
     folder = Path(folder)
     if (folder / META).is_file():
@@ -204,11 +211,11 @@ def build_corpus_embeddings(
             return open_corpus_embeddings(folder)
         return _build(load_model, model_key, num_docs, texts, folder, corpus_sha256=corpus_sha256, max_seq_length=max_seq_length,
                       batch_size=batch_size, chunk_size=chunk_size, show_progress=show_progress,
-                      processes_per_gpu=processes_per_gpu)
+                      processes_per_gpu=processes_per_gpu, tokens=tokens)
 
 
 def _build(load_model, model_key, num_docs: int, texts, folder: Path, *, corpus_sha256, max_seq_length, batch_size, chunk_size,
-           show_progress, processes_per_gpu) -> CorpusEmbeddings:
+           show_progress, processes_per_gpu, tokens) -> CorpusEmbeddings:
     folder.mkdir(parents=True, exist_ok=True)
     plan = {"model": model_key, "max_seq_length": max_seq_length, "corpus_sha256": corpus_sha256,
             "num_docs": num_docs, "chunk_size": chunk_size, "text": "(title + ' ' + text).strip()"}
@@ -227,7 +234,7 @@ def _build(load_model, model_key, num_docs: int, texts, folder: Path, *, corpus_
         log.info("%s: %d of %d shards to encode", folder, len(todo), num_shards)
     bar = tqdm(total=num_docs, initial=num_docs - sum(rows_of[i] for i in todo), unit="doc",
                desc="Encoding corpus", disable=not show_progress or not todo, smoothing=0.05)
-    pool = model = home = None
+    pool = model = home = store = None
     try:
         for i in todo:
             if model is None:
@@ -238,8 +245,15 @@ def _build(load_model, model_key, num_docs: int, texts, folder: Path, *, corpus_
                 if devices:
                     home = model.device  # the pool moves the model to CPU; it goes back afterwards
                     pool = model.start_multi_process_pool(devices)
+                elif tokens is not None and encodes_tokens(model):
+                    store = tokens(model)
+                    enable_packing(model, store.gather(np.arange(min(8, len(store)))), store.features)
             lo = i * chunk_size
-            emb = encode_documents(model, texts(lo, lo + rows_of[i]), batch_size=batch_size, pool=pool)
+            if store is not None:
+                emb = encode_token_rows(model, store.gather(np.arange(lo, lo + rows_of[i])), store.features,
+                                        budget=batch_size * max_seq_length)
+            else:
+                emb = encode_documents(model, texts(lo, lo + rows_of[i]), batch_size=batch_size, pool=pool)
             if dim is not None and emb.shape[1] != dim:
                 raise DataError(f"{folder}: shard {i} has dimension {emb.shape[1]}, earlier shards {dim}")
             dim = emb.shape[1]
@@ -292,6 +306,7 @@ def model_corpus_embeddings(
         backend: the model's backend where the caller has resolved it already (default:
             :func:`pgrank.models.backends.effective_backend`).
     """
+    from pgrank.data.token_store import corpus_tokens
     from pgrank.models.backends import effective_backend, embedding_key, load_inference_encoder
 
     sha = store.sha256
@@ -302,7 +317,8 @@ def model_corpus_embeddings(
                                                            backend=backend)[0])
     return build_corpus_embeddings(loader, key, store, folder, corpus_sha256=sha,
                                    max_seq_length=max_seq_length, batch_size=batch_size, chunk_size=chunk_size,
-                                   show_progress=show_progress, processes_per_gpu=models.processes_per_gpu)
+                                   show_progress=show_progress, processes_per_gpu=models.processes_per_gpu,
+                                   tokens=lambda model: corpus_tokens(model, paths, store, max_length=max_seq_length))
 
 
 class SubsetEmbeddings:

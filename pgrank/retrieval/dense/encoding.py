@@ -6,6 +6,12 @@ under inner product and a dot model gives dot scores. On CUDA, a corpus encodes 
 multi-process pool (:func:`encoding_devices`): ``models.processes_per_gpu`` processes on every GPU, so that
 tokenizing one batch on the CPU overlaps the GPU's work on another (on one GPU, tokenization bounds a single
 process: DistilBERT's bf16 forward pass runs several times faster than its texts are tokenized).
+
+A corpus in one process goes the training step's way instead (:func:`encodes_tokens`, :func:`encode_token_rows`):
+token ids from the corpus's token store (:mod:`pgrank.data.token_store`, tokenized once and shared with training),
+in length-sorted chunks cut by a token budget, packed without padding where the model packs
+(:mod:`pgrank.models.packing`). The budget is ``batch_size x max_seq_length``, the most tokens a padded batch of
+``batch_size`` texts could hold, so memory stays what it was while each chunk carries many more short texts.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ import numpy as np
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
+
+    from pgrank.data.token_store import TokenRows
 
 
 POOL_MIN_DOCUMENTS = 20_000  # below this, starting the pool's processes (seconds each) costs more than it saves
@@ -38,6 +46,39 @@ def encode_documents(model: "SentenceTransformer", texts: list[str], *, batch_si
         texts, batch_size=batch_size, pool=pool, convert_to_numpy=True, show_progress_bar=False
     )
     return np.asarray(emb, dtype=np.float32)
+
+
+def encodes_tokens(model, task: str = "document") -> bool:
+    """Whether ``model`` encodes pre-tokenized ids exactly as ``encode`` encodes strings: a PyTorch
+    sentence-transformers model with a tokenizer (not an ONNX or OpenVINO export) and no prompt for ``task``
+    (``preprocess`` adds none; ``encode`` would)."""
+    import torch
+
+    from pgrank.data.token_store import text_modules
+
+    if not isinstance(model, torch.nn.Module):  # pgrank's own ONNX encoder (pgrank.models.backends)
+        return False
+    modules = text_modules(model)
+    if not modules or not all(isinstance(getattr(m, "auto_model", None), torch.nn.Module) for m in modules):
+        return False
+    prompts = getattr(model, "prompts", None) or {}
+    return not prompts.get(task) and not getattr(model, "default_prompt_name", None)
+
+
+def encode_token_rows(model, rows: "TokenRows", layout: dict, *, budget: int, task: str = "document") -> np.ndarray:
+    """float32 ``(len(rows), dim)`` embeddings of token-store rows, in their own order: length-sorted chunks of at
+    most ``budget`` tokens (:func:`pgrank.models.packing.chunks_of`), packed where the model packs."""
+    import torch
+
+    from pgrank.models.packing import chunks_of, packs, run_chunk, scatter
+
+    if not len(rows):
+        return np.zeros((0, model.get_sentence_embedding_dimension() or 0), dtype=np.float32)
+    device = next(model.parameters()).device
+    with torch.inference_mode():
+        chunks = chunks_of(rows, layout, budget, packed=packs(model), device=device)
+        emb = scatter([run_chunk(model, c, task=task) for c in chunks], chunks, len(rows))
+    return emb.cpu().numpy().astype(np.float32, copy=False)
 
 
 def encode_queries(
