@@ -13,9 +13,10 @@ Each run of :func:`pgrank_retrain`
    on the selection split (validation nDCG@10) and its baseline (the champion; with none yet, its warm
    start) are evaluated side by side on one fixed gate set, and the alias ``tracking.champion_alias``
    moves only if the challenger beats the baseline on ``champion.metric`` by more than
-   ``champion.min_gain`` with a paired test ``p < champion.alpha``: one test per decision. The decision
-   and its table go to MLflow (run tags, metrics, ``gate/decision.md``) and to this flow run as the
-   markdown artifact ``champion-gate``.
+   ``champion.min_gain`` with a paired test ``p < champion.alpha``: one test per decision. One gate runs at
+   a time (the ``pgrank-gate`` concurrency limit, one slot), holding a ``pgrank-device`` slot; the decision is recorded in the registry before
+   the alias moves (:mod:`pgrank.pipeline.decisions`), and its table goes to MLflow (run tags, metrics,
+   ``gate/decision.md``) and to this flow run as the markdown artifact ``champion-gate``.
 
 ``pgrank schedule --cron ...`` puts it on a schedule against the Prefect server at ``PREFECT_API_URL``,
 either served from that process (:func:`serve`) or deployed to a process work pool that
@@ -36,13 +37,32 @@ from pathlib import Path
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.pipeline import DEFAULT_MAX_WORKERS, pgrank_pipeline
+from flows.pipeline import DEFAULT_MAX_WORKERS, DEVICE_TAG, pgrank_pipeline
 from pgrank.errors import PgrankError
 from pgrank.pipeline.champion import Decision
 from pgrank.pipeline.retraining import START_FROM, StartFrom
 
 FLOW_NAME = "pgrank-retrain"
 ARTIFACT_KEY = "champion-gate"
+GATE_TAG = "pgrank-gate"  # the gate task's tag, and its Prefect tag concurrency limit: one gate at a time
+
+
+def ensure_gate_limit() -> int:
+    """Create the ``pgrank-gate`` tag concurrency limit (one slot) if missing; return its limit.
+
+    Prefect holds a gate task that finds the slot taken in Pending, across every flow run on the server, so a
+    manual run beside a scheduled one waits instead of racing it. Runs outside Prefect take the gate lock
+    (:func:`pgrank.pipeline.decisions.gate_lock`) all the same.
+    """
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        try:
+            return client.read_concurrency_limit_by_tag(GATE_TAG).concurrency_limit
+        except ObjectNotFound:
+            client.create_concurrency_limit(tag=GATE_TAG, concurrency_limit=1)
+            return 1
 
 
 @task(cache_policy=NO_CACHE)
@@ -56,7 +76,7 @@ def retraining_overrides(params_file: str, profile: str | None, overrides: list[
     return found.extra
 
 
-@task(cache_policy=NO_CACHE)
+@task(cache_policy=NO_CACHE, tags=[GATE_TAG, DEVICE_TAG])  # one gate at a time, and it runs models on the device
 def champion_gate(workspace: str, parent_run_id: str | None) -> Decision:
     """Gate this run's best new model version against the champion (or its warm start) on the gate set; move the
     alias only if it passes."""
@@ -88,6 +108,7 @@ def pgrank_retrain(profile: str | None = None, overrides: list[str] | None = Non
     overrides = list(overrides or [])
     extra = retraining_overrides(str(Path(params_file).resolve()), profile, overrides, start_from)
     run = pgrank_pipeline(profile=profile, overrides=overrides + extra, params_file=params_file, max_workers=max_workers)
+    ensure_gate_limit()
     return champion_gate(run.workspace, run.mlflow_run_id)
 
 

@@ -14,9 +14,10 @@ comparison). :func:`decide` is the rule, :func:`pgrank.core.promotion.judge` on 
 only if the challenger's mean ``champion.metric`` over the gate queries beats the baseline's by more than
 ``champion.min_gain`` and a paired ``champion.test`` gives ``p < champion.alpha`` (``alpha: null``: no
 significance required). How often this promotes by chance is measured by ``bench/gate_power.py``.
-:func:`apply` moves the alias and tags the challenger's version with the decision; :func:`log_decision`
-records the decision and its table (baseline vs challenger, per metric, with p-values) in MLflow as run
-tags, metrics and artifacts.
+:func:`pgrank.pipeline.decisions.commit` records the decision in the registry first, then moves the alias
+(compare-and-set) and tags the challenger's version (the crash-safe ledger); :func:`log_decision` records the
+decision and its table (baseline vs challenger, per metric, with p-values) in MLflow as run tags, metrics and
+artifacts.
 
 Example:
     >>> decision = decide({"q1": {"ndcg@10": 0.9}, ...}, {"q1": {"ndcg@10": 0.7}, ...}, params.champion,
@@ -237,16 +238,6 @@ def champion(client: MlflowClient, model_name: str, alias: str) -> str | None:
         raise
     version = aliases.get(alias)
     return None if version is None else str(version)
-
-
-def apply(client: MlflowClient, model_name: str, alias: str, decision: Decision) -> None:
-    """Move the alias to the challenger if promoted; tag the challenger's version with the decision either way."""
-    if decision.challenger is None:
-        return
-    if decision.promoted:
-        client.set_registered_model_alias(model_name, alias, decision.challenger)
-    verdict = "promoted: " if decision.promoted else "kept: " if decision.champion else "not promoted: "
-    client.set_model_version_tag(model_name, decision.challenger, DECISION_TAG, verdict + decision.reason[:4900])
 
 
 def log_decision(params: Params, paths: Paths, decision: Decision, *, parent_run_id: str | None,

@@ -193,8 +193,13 @@ def _migrate(folder: Path, paths: Paths) -> None:
     write_json(folder / "gate.json", {**meta, "format": FORMAT, "migrated_from": "validation carve-out, TREC candidates"})
 
 
-def freeze_gate_set(client: MlflowClient, params: Params, paths: Paths, parent_run_id: str | None) -> GateSet:
+def freeze_gate_set(client: MlflowClient, params: Params, paths: Paths, parent_run_id: str | None, *,
+                    only: list[str] | None = None, record: dict | None = None) -> GateSet:
     """Freeze ``data.train``'s current gate split (judgments, texts, candidate sets) as the gate set.
+
+    ``gate.json`` records the carve-out's bounds (``carve``, :mod:`pgrank.download.carve_out`), so that every
+    later carve-out keeps each query in its split. ``only`` freezes those queries of the gate split (a refresh,
+    :mod:`pgrank.pipeline.refresh`), and ``record`` adds to ``gate.json`` (the bounds and retired queries it keeps).
 
     Raises:
         PgrankError: there is no gate split (``data.gate_size`` is 0) or it was not mined.
@@ -203,6 +208,7 @@ def freeze_gate_set(client: MlflowClient, params: Params, paths: Paths, parent_r
 
     from pgrank import tracking
     from pgrank.data.corpus_store import open_corpus
+    from pgrank.download.carve_out import read_bounds
 
     dataset, split = params.data.train.split("/")
     if not paths.carved_qrels(dataset, CARVED_FILES[GATE]).is_file():
@@ -214,10 +220,14 @@ def freeze_gate_set(client: MlflowClient, params: Params, paths: Paths, parent_r
         raise PgrankError(f"{store_folder}: the gate split has no candidate sets; run `pgrank mine --training`")
     tracking.configure(params, paths)  # the run goes to the registry's store
     queries, qrels = load_topics(paths, dataset, GATE)
+    if only is not None:
+        queries, qrels = {q: queries[q] for q in only}, {q: qrels[q] for q in only}
     manifest = paths.dataset_manifest(dataset)
+    bounds = read_bounds(paths, dataset)
     meta = {"dataset": dataset, "split": GATE, "frozen_from": f"the gate split of {dataset}/{split}",
             "queries": len(qrels), "pipeline_run": parent_run_id,
-            "data": json.loads(manifest.read_text()) if manifest.is_file() else None}
+            "data": json.loads(manifest.read_text()) if manifest.is_file() else None,
+            "carve": bounds.as_dict() if bounds is not None else None, "retired": [], **(record or {})}
     with mlflow.start_run(run_name="gate-set", nested=parent_run_id is not None, parent_run_id=parent_run_id,
                           tags={"stage": "gate-set"}) as run:
         meta["description"] = (f"frozen: {len(qrels)} gate queries of {dataset}/{split}, frozen by run "
@@ -225,11 +235,24 @@ def freeze_gate_set(client: MlflowClient, params: Params, paths: Paths, parent_r
         folder = paths.root / "gate" / run.info.run_id
         with atomic_path(folder, directory=True) as tmp:
             _write(tmp, meta, queries, qrels)
-            shutil.copytree(store_folder, tmp / "candidates")
+            _copy_store(store_folder, tmp / "candidates", None if only is None else set(only))
             _write_documents(tmp, open_candidate_store(tmp / "candidates"), open_corpus(paths, dataset))
             mlflow.log_artifacts(str(tmp), ARTIFACTS)
     client.set_registered_model_tag(params.tracking.registered_model, GATE_SET_TAG, run.info.run_id)
     return _read(folder)
+
+
+def _copy_store(source: Path, target: Path, only: set[str] | None) -> None:
+    """A candidate store, whole or with only the query ids ``only``."""
+    if only is None:
+        shutil.copytree(source, target)
+        return
+    store = open_candidate_store(source)
+    with CandidateStoreWriter(target, dict(store.meta)) as out:
+        for i, qid in enumerate(store.qids):
+            if qid in only:
+                rows, grades = store.candidates(i)
+                out.add(qid, store.queries[i], np.asarray(rows), np.asarray(grades))
 
 
 def named_gate_set(params: Params, paths: Paths) -> GateSet:

@@ -6,14 +6,19 @@ The Prefect flow (``flows/retraining.py``) only calls these and reports; both ar
   (:func:`pgrank.pipeline.gate.holdout_override`), so gate queries stay the gate split, never trained on
   nor used for selection; with ``start_from="champion"`` the current champion, fetched from the
   registry, as the warm start (continual training).
-* :func:`gate_workspace`, after it: the challengers are the versions this pipeline run registered (or,
-  with no champion yet, the newest version if it was never gated, e.g. one ``pgrank repro`` registered);
-  a challenger that trained on, or was selected with, gate queries is rejected (the leak check). The
-  best challenger on the selection split (validation nDCG@10, :func:`pgrank.pipeline.champion.best_challenger`)
-  is the only one that meets the gate: it and its baseline (the champion; with none yet, its warm start
-  unless ``champion.first: promote``) are evaluated side by side on the gate set
-  (:mod:`pgrank.pipeline.gate`) and judged by :func:`pgrank.pipeline.champion.decide`; the alias moves
-  only if it passes, and the decision goes to MLflow (:func:`pgrank.pipeline.champion.log_decision`).
+* :func:`gate_workspace`, after it, one gate at a time (:func:`pgrank.pipeline.decisions.gate_lock`) and after
+  reconciling the registry with its last decision record: the challengers are the versions this pipeline run
+  registered and nobody judged yet (or, with no champion yet, the newest version if it was never gated, e.g. one
+  ``pgrank repro`` registered). The gate set is frozen on the first gated run and refreshed when due
+  (:mod:`pgrank.pipeline.refresh`). A challenger that trained on, or was selected with, gate queries (in the
+  workspace's carve-out or in the queries it recorded, :mod:`pgrank.pipeline.provenance`) is rejected, and so is
+  a comparison with a champion whose recorded queries meet the gate set (the leak check). The best challenger on
+  the selection split (validation nDCG@10, :func:`pgrank.pipeline.champion.best_challenger`) is the only one that
+  meets the gate: it and its baseline (the champion; with none yet, its warm start unless
+  ``champion.first: promote``) are evaluated side by side on the gate set (:mod:`pgrank.pipeline.gate`) and judged
+  by :func:`pgrank.pipeline.champion.decide`. The decision is recorded in the registry first, the alias moves only
+  if it passes and the champion is still the one compared with, and the decision goes to MLflow
+  (:func:`pgrank.pipeline.decisions.settle`, :func:`pgrank.pipeline.champion.log_decision`).
 
 Example:
     >>> decision = gate_workspace(Path("runs/demo"), parent_run_id)
@@ -23,6 +28,7 @@ Example:
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, get_args
@@ -30,12 +36,11 @@ from typing import TYPE_CHECKING, Literal, get_args
 from pgrank.config import Params, load_params
 from pgrank.errors import PgrankError
 from pgrank.paths import Paths
-from pgrank.pipeline import gate
+from pgrank.pipeline import decisions, gate, provenance, refresh
 from pgrank.pipeline.champion import (
     CHAMPION,
     DECISION_TAG,
     Decision,
-    apply,
     best_challenger,
     champion,
     decide,
@@ -47,6 +52,8 @@ from pgrank.pipeline.champion import (
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
+
+log = logging.getLogger(__name__)
 
 StartFrom = Literal["warm_start", "champion"]
 START_FROM: tuple[str, ...] = get_args(StartFrom)
@@ -112,25 +119,34 @@ def retraining_overrides(params_file: str | Path, profile: str | None, overrides
 
 
 def challengers(client: MlflowClient, name: str, current: str | None, retrained: list[str]) -> list[str]:
-    """The versions to judge: those this run registered; with none, the newest version when there is no
-    champion yet and it was never gated (registered earlier, e.g. by ``pgrank repro``); else none."""
+    """The versions to judge: those this run registered and never judged (a retried gate judges nothing twice, and
+    the champion never meets itself); with none registered, the newest version when there is no champion yet and
+    it was never gated (registered earlier, e.g. by ``pgrank repro``); else none."""
+    def judged(version: str) -> bool:
+        return DECISION_TAG in client.get_model_version(name, version).tags
+
     if retrained:
-        return retrained
+        return [v for v in retrained if v != current and not judged(v)]
     newest = versions(client, name)[-1:]
     if current is not None or not newest:
         return []
-    return [] if DECISION_TAG in client.get_model_version(name, newest[0]).tags else newest
+    return [] if judged(newest[0]) else newest
 
 
 def gate_workspace(ws: Path, parent_run_id: str | None) -> Decision:
     """Gate the versions a pipeline run registered against the champion (see the module docstring).
+
+    One gate at a time (:func:`pgrank.pipeline.decisions.gate_lock`): the registry is reconciled first (a decision a
+    kill interrupted is completed), the champion is read, and the decision is recorded before the alias moves
+    (:func:`pgrank.pipeline.decisions.settle`).
 
     Args:
         ws: the run's DVC workspace (its ``params.yaml`` is the composed configuration).
         parent_run_id: the pipeline's MLflow run, under which its stage runs registered their versions.
 
     Returns:
-        The decision, also logged to MLflow (and applied to the alias when a version is judged).
+        The decision, also recorded in the registry and logged to MLflow (and applied to the alias when a version
+        is judged).
     """
     params = load_params(ws / "params.yaml")
     cfg = params.champion
@@ -138,28 +154,43 @@ def gate_workspace(ws: Path, parent_run_id: str | None) -> Decision:
         return Decision(False, "tracking.enabled is false: there is no model registry to gate in", cfg.metric)
     client, paths = registry(params, ws)
     name, alias = params.tracking.registered_model, params.tracking.champion_alias
+
+    def log_run(decision: Decision, per_query: dict | None = None) -> str | None:
+        return log_decision(params, paths, decision, parent_run_id=parent_run_id, per_query=per_query)
+
+    with decisions.gate_lock(client.tracking_uri, paths, name):
+        decisions.recover(client, name, alias, log_run)
+        return _gate(params, paths, client, parent_run_id, log_run)
+
+
+def _gate(params: Params, paths: Paths, client: MlflowClient, parent_run_id: str | None, log_run) -> Decision:
+    """The gate itself, under the lock and after the reconciliation (:func:`gate_workspace`)."""
+    cfg = params.champion
+    name, alias = params.tracking.registered_model, params.tracking.champion_alias
     current = champion(client, name, alias)
     retrained = versions_of_run(client, name, parent_run_id) if parent_run_id else []
     judged = challengers(client, name, current, retrained)
     if not judged:
         decision = Decision(False, "nothing was retrained: this run registered no new model version (DVC found "
                             "the data and the settings unchanged)", cfg.metric, champion=current)
-        log_decision(params, paths, decision, parent_run_id=parent_run_id)
+        log_run(decision)
         return decision
     if cfg.gate_set == "frozen":
         gate_set = gate.frozen_gate_set(client, params, paths) or gate.freeze_gate_set(client, params, paths, parent_run_id)
+        on_set = [r for r in decisions.records(client, name) if r.gate_set == gate.frozen_run(client, params)]
+        gate_set, _ = refresh.refreshed(client, params, paths, gate_set, on_set, parent_run_id)
+        gate_id = gate.frozen_run(client, params) or ""
     else:
         gate_set = gate.named_gate_set(params, paths)
+        gate_id = cfg.gate_set
     selection = selection_scores(client, name, judged) if len(judged) > 1 else {}
     chosen = best_challenger(selection) if selection else judged[0]
-    leaked = gate.leaked(params, paths, gate_set)
-    if leaked:
-        found = "; ".join(f"{len(q)} in {split} (e.g. {q[:3]})" for split, q in leaked.items())
-        decision = Decision(False, f"the challenger trained on or was selected with gate queries: {found}; run the "
-                            "pipeline through scheduled retraining, which holds them out", cfg.metric,
-                            challenger=chosen, champion=current, gate=gate_set.description, selection=selection)
-        apply(client, name, alias, decision)
-        log_decision(params, paths, decision, parent_run_id=parent_run_id)
+    level, budget = budget_level(params, client, name)
+    refused = _leak(params, paths, client, gate_set, chosen, current)
+    if refused:
+        decision = Decision(False, refused, cfg.metric, challenger=chosen, champion=current,
+                            gate=gate_set.description, selection=selection)
+        decisions.settle(client, name, alias, decision, log_run, gate_set=gate_id)
         return decision
     model = gate.fetch_version(client, paths, name, chosen)
     per_query = {f"v{chosen}": gate.evaluate_system(params, paths, gate_set, model.system)}
@@ -174,6 +205,52 @@ def gate_workspace(ws: Path, parent_run_id: str | None) -> Decision:
     metrics, _, _ = gate.gate_metrics(params)
     decision = decide(per_query[f"v{chosen}"], baseline_values, cfg, challenger=chosen, champion=current,
                       metrics=metrics, gate=gate_set.description, baseline=baseline, selection=selection)
-    apply(client, name, alias, decision)
-    log_decision(params, paths, decision, parent_run_id=parent_run_id, per_query=per_query)
-    return decision
+    record = decisions.settle(client, name, alias, decision, lambda d: log_run(d, per_query), gate_set=gate_id,
+                              level=level, budget=budget_after(params, budget, level, decision.promoted))
+    return record.as_decision()
+
+
+def _leak(params: Params, paths: Paths, client: MlflowClient, gate_set: gate.GateSet, chosen: str,
+          current: str | None) -> str | None:
+    """Why the gate cannot compare these two fairly (``None``: it can): gate queries in the workspace's carve-out,
+    or among the queries the challenger or the champion recorded (:mod:`pgrank.pipeline.provenance`). What
+    cannot be known (a hub warm start's training data) is a warning."""
+    name = params.tracking.registered_model
+    found = {split: q for split, q in gate.leaked(params, paths, gate_set).items()}
+    learned = {"challenger": provenance.learned_from(client, name, chosen)}
+    if current is not None:
+        learned["champion"] = provenance.learned_from(client, name, current)
+    for who, record in learned.items():
+        for note in record.unknown:
+            log.warning("champion gate, the %s: %s", who, note)
+    recorded = {who: provenance.meets(record, gate_set) for who, record in learned.items()}
+    if recorded["challenger"]:
+        found["its recorded training queries"] = recorded["challenger"]
+    if found:
+        said = "; ".join(f"{len(q)} in {split} (e.g. {q[:3]})" for split, q in found.items())
+        return (f"the challenger trained on or was selected with gate queries: {said}; run the pipeline through "
+                "scheduled retraining, which holds them out")
+    if recorded.get("champion"):
+        met = recorded["champion"]
+        return (f"the champion, version {current}, trained on or was selected with {len(met)} gate queries (e.g. "
+                f"{met[:3]}): it cannot be compared fairly on this gate set; refresh it (champion.refresh_after)")
+    return None
+
+
+def budget_level(params: Params, client: MlflowClient, name: str) -> tuple[float | None, dict | None]:
+    """The error-budget level this decision spends and the budget state before it, read from the last record that
+    holds one (``(None, None)``: no budget, ``champion.budget`` unset).
+
+    With :func:`budget_after`, the gate's one integration point with an error budget: the level goes to the rule
+    and to the decision's record, and the state after the decision goes to the record (``{"spent", "left",
+    "state"}``), so the registry holds the budget.
+    """
+    # Integration point (pgrank.core.error_budget): state = BudgetState.from_json(last record's budget["state"]),
+    # level(cfg.budget_rule, cfg.budget, cfg.horizon, state). No budget is configured here yet.
+    return None, None
+
+
+def budget_after(params: Params, before: dict | None, level: float | None, promoted: bool) -> dict | None:
+    """The budget after a decision, for its record (``None``: no budget); see :func:`budget_level`."""
+    # Integration point (pgrank.core.error_budget): spend(state, level, promoted) -> {"spent", "left", "state"}.
+    return None

@@ -32,6 +32,7 @@ import json
 import logging
 import math
 import random
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -274,6 +275,15 @@ def end_epoch(run: Run, epoch: int, means: dict, seconds: float, curve: list[dic
 
 # --------------------------------------------------------------------------------------- finish
 
+PROVENANCE = "queries.json"  # the training run's artifact provenance/queries.json
+
+
+def provenance(run: Run) -> dict:
+    """What the model learned from: the query ids it trained on and was selected with, and its warm start (the
+    champion gate refuses a model whose recorded queries meet the gate set, :mod:`pgrank.pipeline.provenance`)."""
+    return {"data.train": run.params.data.train, "warm_start": run.ref.key, "train": list(run.data.train.store.qids),
+            "validation": list(run.data.validation.store.qids)}
+
 
 def finish(run: Run, tracker) -> TrainResult:
     """The policy (the last epoch, or the one ``train.selection`` chose), its history written and logged, its
@@ -298,6 +308,9 @@ def finish(run: Run, tracker) -> TrainResult:
         write_json(log_dir / "history.json", state.history)
         if tracker is not None:
             tracking.log_artifact(tracker, str(log_dir / "history.json"))
+            with tempfile.TemporaryDirectory(prefix=".provenance-", dir=log_dir) as tmp:
+                write_json(Path(tmp) / PROVENANCE, provenance(run))
+                tracking.log_artifact(tracker, str(Path(tmp) / PROVENANCE), "provenance")
             from sentence_transformers import SentenceTransformer
 
             version = tracking.log_model(tracker, SentenceTransformer(str(final), device="cpu"),

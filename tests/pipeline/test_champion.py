@@ -24,7 +24,8 @@ import pytest
 from toy_project import make_project
 
 from pgrank.config import ChampionConfig
-from pgrank.pipeline.champion import DECISION_TAG, apply, champion, decide, log_decision, versions_of_run
+from pgrank.pipeline.champion import DECISION_TAG, champion, decide, log_decision, versions_of_run
+from pgrank.pipeline.decisions import commit
 
 mlflow = pytest.importorskip("mlflow")
 
@@ -162,10 +163,10 @@ def test_the_registry_knows_a_runs_versions_and_moves_the_alias_only_on_promotio
     assert champion(client, model, ALIAS) is None
 
     promoted = decide(per_query([0.5]), None, ChampionConfig(), challenger=new[0], champion=None, metrics=[])
-    apply(client, model, ALIAS, promoted)
+    commit(client, model, ALIAS, promoted)
     assert champion(client, model, ALIAS) == new[0]
     kept = decide(per_query([0.4]), per_query([0.5]), ChampionConfig(), challenger=new[1], champion=new[0], metrics=[])
-    apply(client, model, ALIAS, kept)
+    commit(client, model, ALIAS, kept)
     assert champion(client, model, ALIAS) == new[0]
     assert client.get_model_version(model, new[1]).tags[DECISION_TAG].startswith(f"kept: version {new[1]} is not better")
     assert client.get_model_version(model, new[0]).tags[DECISION_TAG].startswith("promoted: there was no champion")
@@ -355,6 +356,17 @@ def test_versions_are_gated_side_by_side_on_a_frozen_gate_set_and_continual_trai
 
     v2 = gate.fetch_version(client, paths, name, second.registered_version)
     assert v2.document_model == str(tiny_model_dir)
+
+    # Provenance: each version records the queries it trained and was selected on; v2's chain runs through v1's
+    # record (its warm start, fetched from the registry) down to the hub-like warm start, which cannot be known.
+    from pgrank.pipeline.provenance import learned_from, meets
+
+    learned = {q for split in ("train", "validation") for q in load_qrels(carved / f"{split}.tsv")}
+    found = learned_from(client, name, v2.version)
+    assert found.queries == {"toy": frozenset(learned)} and meets(found, again) == []
+    assert found.unknown == [f"its warm start {tiny_model_dir}: what it was trained on is not known"]
+    leaky = gate.GateSet("leaky", "toy", {}, {q: {"d": 1} for q in sorted(learned)[:2]}, None)
+    assert meets(found, leaky) == sorted(learned)[:2]
     second_values = gate.evaluate_system(params, paths, again, v2.system)
     metrics, _, _ = gate.gate_metrics(params)
     decision = decide(second_values, first_values, params.champion, challenger=v2.version, champion=v1.version,
@@ -408,6 +420,12 @@ def test_the_gate_of_a_workspace_meets_the_warm_start_first_then_keeps_what_noth
     again = gate_workspace(ws, parent.info.run_id)
     assert not again.promoted and again.reason.startswith("nothing was retrained") and again.champion is None
 
+    from pgrank.pipeline.decisions import records
+
+    (record,) = records(client, params.tracking.registered_model)  # the first decision, recorded in the registry
+    assert (record.outcome, record.challenger, record.champion, record.run_id is not None) == ("keep", "1", None, True)
+    for key in (record.key, f"{record.key}.run"):  # voided: the version is judged again
+        client.delete_registered_model_tag(params.tracking.registered_model, key)
     client.delete_model_version_tag(params.tracking.registered_model, first.registered_version, DECISION_TAG)
     told = params.model_copy(update={"champion": params.champion.model_copy(update={"first": "promote"})})
     (ws / "params.yaml").write_text(yaml.safe_dump(told.model_dump(mode="json")))
@@ -421,3 +439,73 @@ def v1_query(folder: Path, texts: list[str]) -> np.ndarray:
     from sentence_transformers import SentenceTransformer
 
     return SentenceTransformer(str(folder), device="cpu").encode_query(texts)
+
+
+def test_a_version_trained_before_the_gate_split_existed_is_refused_by_its_recorded_queries(tmp_path, tiny_model_dir,
+                                                                                            monkeypatch):
+    """A model trained with data.gate_size 0 learned from every query; once a gate split is carved, the workspace's
+    carve-out no longer shows it, but the queries the version recorded do: the gate refuses it, and records why."""
+    import yaml
+    from mlflow.tracking import MlflowClient
+
+    from pgrank.pipeline.decisions import records
+    from pgrank.pipeline.retraining import gate_workspace
+    from pgrank.training.trainer import train
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    settings = {"tracking.enabled": True, "train.epochs": 1, "train.keep_epochs": [1], "evaluate.max_seq_length": 32}
+    params, paths = make_project(tmp_path, tiny_model_dir, overrides=settings)
+    first = train(params, paths, str(tiny_model_dir), device="cpu", progress=False)
+    params, paths = make_project(tmp_path, tiny_model_dir, overrides={**settings, "data.gate_size": 6})
+    mlflow.set_tracking_uri(paths.mlflow_uri())
+    try:
+        ws = paths.root
+        (ws / "params.yaml").write_text(yaml.safe_dump(params.model_dump(mode="json")))
+        decision = gate_workspace(ws, None)
+        client = MlflowClient(paths.mlflow_uri())
+        assert decision.challenger == first.registered_version and not decision.promoted
+        assert re.match(r"the challenger trained on or was selected with gate queries: 6 in its recorded training "
+                        r"queries \(e\.g\. \['q", decision.reason)
+        (record,) = records(client, params.tracking.registered_model)
+        assert record.outcome == "keep" and record.decision["reason"] == decision.reason
+        assert champion(client, params.tracking.registered_model, params.tracking.champion_alias) is None
+    finally:
+        mlflow.set_tracking_uri(None)
+
+
+def test_a_champion_that_trained_on_todays_gate_queries_cannot_be_compared_on_them(tmp_path, tiny_model_dir, monkeypatch):
+    """The champion (set before the gate split existed) learned from every query; a clean challenger is not
+    compared with it on a gate set it has seen: the gate says so, records it, and keeps the alias."""
+    import yaml
+    from mlflow.tracking import MlflowClient
+
+    from pgrank.pipeline.decisions import records
+    from pgrank.pipeline.retraining import gate_workspace
+    from pgrank.tracking import PARENT_ENV
+    from pgrank.training.trainer import train
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    settings = {"tracking.enabled": True, "train.epochs": 1, "train.keep_epochs": [1], "evaluate.max_seq_length": 32}
+    params, paths = make_project(tmp_path, tiny_model_dir, overrides=settings)
+    old = train(params, paths, str(tiny_model_dir), device="cpu", progress=False)
+    client = MlflowClient(paths.mlflow_uri())
+    name, alias = params.tracking.registered_model, params.tracking.champion_alias
+    client.set_registered_model_alias(name, alias, old.registered_version)
+    params, paths = make_project(tmp_path, tiny_model_dir, overrides={**settings, "data.gate_size": 6})
+    mlflow.set_tracking_uri(paths.mlflow_uri())
+    try:
+        with mlflow.start_run(run_name="pipeline") as parent:
+            pass
+        monkeypatch.setenv(PARENT_ENV, parent.info.run_id)
+        new = train(params, paths, str(tiny_model_dir), device="cpu", progress=False)  # the gate split held out
+        monkeypatch.delenv(PARENT_ENV)
+        ws = paths.root
+        (ws / "params.yaml").write_text(yaml.safe_dump(params.model_dump(mode="json")))
+        decision = gate_workspace(ws, parent.info.run_id)
+        assert (decision.challenger, decision.champion) == (new.registered_version, old.registered_version)
+        assert not decision.promoted and decision.reason.startswith(
+            f"the champion, version {old.registered_version}, trained on or was selected with 6 gate queries")
+        assert records(client, name)[-1].outcome == "keep"
+        assert champion(client, name, alias) == old.registered_version
+    finally:
+        mlflow.set_tracking_uri(None)
