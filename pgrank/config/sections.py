@@ -138,13 +138,15 @@ class DataConfig(Section):
             return f"{value['dataset']}/{value['split']}"
         return value
     validation_size: PositiveInt = Field(
-        default=7000, description="seeded queries of data.train carved out as the validation split (selection: epochs, "
-                                  "early stopping, learning rates; and the choice among several challengers)")
-    validation_seed: int = 13
+        default=7000, description="queries of data.train carved out as the validation split (selection: epochs, "
+                                  "early stopping, learning rates; and the choice among several challengers), by the hash "
+                                  "of their ids; once a gate set is frozen, new queries join it at the same share "
+                                  "(splits/<dataset>/carve.json)")
+    validation_seed: int = Field(default=13, description="the seed of the hash that places each query in its split")
     gate_size: NonNegInt = Field(
-        default=0, description="seeded queries of data.train carved out as the gate split (gate-pg), apart from training "
-                               "and validation: the champion gate's frozen gate set (0: none; data.holdout, once set, "
-                               "is the gate split instead)")
+        default=0, description="queries of data.train carved out as the gate split (gate-pg), apart from training "
+                               "and validation, by the hash of their ids: the champion gate's frozen gate set (0: none; "
+                               "data.holdout, once set, names it, and new queries at the same share are its reserve)")
     eval_sets: list[Annotated[str, Field(pattern=r"^[\w.-]+/[\w.-]+$")]] = Field(
         min_length=1, description="dataset/split ids; in YAML a mapping {dataset: [splits]} (what DVC fans out over) or a list")
 
