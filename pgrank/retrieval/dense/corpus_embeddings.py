@@ -300,7 +300,8 @@ def model_corpus_embeddings(
     Args:
         ref: a :class:`pgrank.models.names.ModelRef`; ``models``: the ``models`` params section;
             ``paths``: :class:`pgrank.paths.Paths`.
-        store: the dataset's corpus store (:func:`pgrank.data.corpus_store.open_corpus`).
+        store: the dataset's corpus store (:func:`pgrank.data.corpus_store.open_corpus`; its token store is read, built on
+            first use), or a small BEIR corpus dict with a ``sha256`` (tests), whose texts are encoded as strings.
         load_model: returns the encoder (default: ``ref`` under its inference backend,
             :func:`pgrank.models.backends.load_inference_encoder`; the artifact is keyed by the backend).
         backend: the model's backend where the caller has resolved it already (default:
@@ -318,7 +319,8 @@ def model_corpus_embeddings(
     return build_corpus_embeddings(loader, key, store, folder, corpus_sha256=sha,
                                    max_seq_length=max_seq_length, batch_size=batch_size, chunk_size=chunk_size,
                                    show_progress=show_progress, processes_per_gpu=models.processes_per_gpu,
-                                   tokens=lambda model: corpus_tokens(model, paths, store, max_length=max_seq_length))
+                                   tokens=(lambda model: corpus_tokens(model, paths, store, max_length=max_seq_length))
+                                   if isinstance(store, CorpusStore) else None)
 
 
 class SubsetEmbeddings:
