@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from mlflow_registry import Echo, fresh_store, register
 from toy_project import make_project
 
 from pgrank.config import ChampionConfig
@@ -126,39 +127,20 @@ def test_several_challengers_are_compared_on_selection_and_only_the_chosen_one_i
 # --------------------------------------------------------------------------------------- the registry
 
 
-class _Echo(mlflow.pyfunc.PythonModel):
-    def predict(self, context, model_input: list[str], params=None) -> list[str]:
-        return model_input
-
-
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     """A fresh sqlite MLflow store in tmp (created once: its migrations take seconds), artifacts in tmp too."""
-    from mlflow.tracking import MlflowClient
-
-    folder = tmp_path_factory.mktemp("mlflow")
-    uri = f"sqlite:///{folder / 'mlflow.db'}"
-    mlflow.set_tracking_uri(uri)
-    client = MlflowClient(uri)
-    experiment = client.create_experiment("pgrank", artifact_location=(folder / "artifacts").as_uri())
-    yield client, experiment
-    mlflow.set_tracking_uri(None)
-
-
-def _register(client, experiment: str, model: str, parent: str | None = None) -> str:
-    with mlflow.start_run(experiment_id=experiment, parent_run_id=parent, nested=parent is not None):
-        info = mlflow.pyfunc.log_model(name="model", python_model=_Echo(), registered_model_name=model,
-                                       pip_requirements=["mlflow"])
-    return str(info.registered_model_version)
+    with fresh_store(tmp_path_factory.mktemp("mlflow")) as (client, experiment, _):
+        yield client, experiment
 
 
 def test_the_registry_knows_a_runs_versions_and_moves_the_alias_only_on_promotion(store):
     client, experiment = store
     model = f"{MODEL}-registry"
-    older = _register(client, experiment, model)  # not from this pipeline run: never a challenger here
+    older = register(experiment, model)  # not from this pipeline run: never a challenger here
     with mlflow.start_run(experiment_id=experiment) as parent:
         pass
-    new = [_register(client, experiment, model, parent.info.run_id) for _ in range(2)]
+    new = [register(experiment, model, parent.info.run_id) for _ in range(2)]
     assert versions_of_run(client, model, parent.info.run_id) == new and older not in new
     assert champion(client, model, ALIAS) is None
 
@@ -189,7 +171,7 @@ def test_challengers_are_compared_by_the_validation_ndcg_their_training_logged(s
             for key, values in metrics.items():
                 for step, value in enumerate(values):
                     mlflow.log_metric(key.replace("@", "_at_"), value, step=step)
-            info = mlflow.pyfunc.log_model(name="model", python_model=_Echo(), registered_model_name=model,
+            info = mlflow.pyfunc.log_model(name="model", python_model=Echo(), registered_model_name=model,
                                            pip_requirements=["mlflow"])
         logged[str(info.registered_model_version)] = metrics
     versions = versions_of_run(client, model, parent.info.run_id)
@@ -200,7 +182,7 @@ def test_challengers_are_compared_by_the_validation_ndcg_their_training_logged(s
     client.set_model_version_tag(model, versions[-1], DECISION_TAG, "not promoted: ...")
     assert challengers(client, model, None, []) == []  # gated already: nothing to judge again
     assert challengers(client, model, versions[0], []) == []
-    older = _register(client, experiment, model)  # registered with no validation metric
+    older = register(experiment, model)  # registered with no validation metric
     with pytest.raises(PgrankError, match=f"version {older}: its training run logged no validation nDCG@10"):
         selection_scores(client, model, [*versions, older])
 
@@ -246,7 +228,7 @@ def test_a_gate_set_frozen_by_an_earlier_pgrank_is_converted_once_with_a_one_lin
 
     client, experiment = store
     model = f"{MODEL}-migrated"
-    _register(client, experiment, model)
+    register(experiment, model)
     params = parse_params({"paths": {"root": "r", "data": "d", "embeddings": "e"},
                            "data": {"train": "tiny/train", "eval_sets": ["tiny/test"], "validation_size": 2},
                            "train": {"warm_starts": ["m"]}, "evaluate": {"systems": {"dense": ["m"]}},

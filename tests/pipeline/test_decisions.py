@@ -10,6 +10,7 @@ import sys
 import textwrap
 
 import pytest
+from mlflow_registry import fresh_store, register
 
 from pgrank.config import ChampionConfig, parse_params
 from pgrank.errors import PgrankError
@@ -28,37 +29,20 @@ class Killed(BaseException):
     """The process dies here (a BaseException: no ``except Exception`` of the code under test sees it)."""
 
 
-class _Echo(mlflow.pyfunc.PythonModel):
-    def predict(self, context, model_input: list[str], params=None) -> list[str]:
-        return model_input
-
-
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    from mlflow.tracking import MlflowClient
-
     folder = tmp_path_factory.mktemp("mlflow")
-    uri = f"sqlite:///{folder / 'mlflow.db'}"
-    mlflow.set_tracking_uri(uri)
-    client = MlflowClient(uri)
-    experiment = client.create_experiment("pgrank", artifact_location=(folder / "artifacts").as_uri())
-    params = parse_params({"paths": {"root": "r", "data": "d", "embeddings": "e"}, "data": {"train": "x/train",
-                           "eval_sets": ["x/test"]}, "train": {"warm_starts": ["m"]}, "evaluate": {"systems": {"dense": ["m"]}},
-                           "tracking": {"uri": uri, "experiment": "pgrank"}})
-    paths = Paths.from_config(params.paths, base=folder)
-    yield client, experiment, (lambda decision: log_decision(params, paths, decision, parent_run_id=None))
-    mlflow.set_tracking_uri(None)
+    with fresh_store(folder) as (client, experiment, uri):
+        params = parse_params({"paths": {"root": "r", "data": "d", "embeddings": "e"}, "data": {"train": "x/train",
+                               "eval_sets": ["x/test"]}, "train": {"warm_starts": ["m"]},
+                               "evaluate": {"systems": {"dense": ["m"]}}, "tracking": {"uri": uri, "experiment": "pgrank"}})
+        paths = Paths.from_config(params.paths, base=folder)
+        yield client, experiment, (lambda decision: log_decision(params, paths, decision, parent_run_id=None))
 
 
 def _model(client, experiment, count: int) -> tuple[str, list[str]]:
     name = f"pgrank-ledger-{next(_names)}"
-    found = []
-    for _ in range(count):
-        with mlflow.start_run(experiment_id=experiment):
-            info = mlflow.pyfunc.log_model(name="model", python_model=_Echo(), registered_model_name=name,
-                                           pip_requirements=["mlflow"])
-        found.append(str(info.registered_model_version))
-    return name, found
+    return name, [register(experiment, name) for _ in range(count)]
 
 
 def per_query(values):

@@ -10,6 +10,7 @@ import shutil
 
 import numpy as np
 import pytest
+from mlflow_registry import register
 from tiny_beir import CORPUS, write_tiny
 
 from pgrank.config import parse_params
@@ -25,11 +26,6 @@ from pgrank.pipeline.refresh import due, refresh_gate_set, refreshed, reserve
 mlflow = pytest.importorskip("mlflow")
 
 MODEL = "pgrank-refresh"
-
-
-class _Echo(mlflow.pyfunc.PythonModel):
-    def predict(self, context, model_input: list[str], params=None) -> list[str]:
-        return model_input
 
 
 def _judged(n: int, prefix: str = "t") -> tuple[list[str], list[tuple]]:
@@ -76,9 +72,7 @@ def project(tmp_path, monkeypatch):
 
     tracking.configure(params, paths)  # this store and its experiment, as freezing uses them
     client = MlflowClient(uri)
-    with mlflow.start_run():
-        mlflow.pyfunc.log_model(name="model", python_model=_Echo(), registered_model_name=MODEL,
-                                pip_requirements=["mlflow"])
+    register(None, MODEL)  # in the experiment configure set
     _write(paths, *_judged(30))
     write_carve_out(paths, params.data)
     _mine_gate_split(paths)
