@@ -117,7 +117,7 @@ def measure(n_docs: int, queries: int, overrides: list[str], repeats: int) -> di
     from pgrank.data.corpus_store import build_corpus_store
     from pgrank.data.token_store import build_token_store, corpus_blocks, open_token_store
     from pgrank.models.loading import load_encoder
-    from pgrank.models.packing import enable_packing, packs
+    from pgrank.models.packing import enable_packing_for, packs
     from pgrank.training.batches import Example, candidate_scores, query_generators
     from pgrank.training.step import accumulate_gradients
     from pgrank.training.step_inputs import StepTokens, prepare_step
@@ -140,7 +140,7 @@ def measure(n_docs: int, queries: int, overrides: list[str], repeats: int) -> di
         query_store = build_token_store(model, lambda lo, hi: texts[lo:hi], queries, work / "queries", task="query",
                                         max_length=cfg.max_query_length, source={"name": "q", "sha256": "1" * 64})
         tokens = StepTokens(open_token_store(query_store.folder), documents)
-        enable_packing(model, documents.gather(np.arange(8)), documents.features)
+        enable_packing_for(model, documents)
         per = n_docs // queries
         examples = []
         for q in range(queries):  # disjoint candidate sets, as MS MARCO's training queries nearly are

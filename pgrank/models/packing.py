@@ -33,12 +33,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pgrank.data.token_store import TokenRows, text_modules
+from pgrank.data.token_store import TokenRows, TokenStore, text_modules
 from pgrank.errors import PgrankError
 
 PACKED = "pgrank_packed"
 _PACKABLE = {"bert", "distilbert"}  # absolute position ids per text, attention through transformers' interface
 _FLAG = "_pgrank_packing"
+PROBE_TEXTS = 8  # texts a model's packed layout is checked against the padded one on
 
 
 class PackingError(PgrankError):
@@ -127,6 +128,12 @@ def enable_packing(model, probe: TokenRows, layout: dict) -> bool:
                 m.auto_model.set_attn_implementation(name)
     object.__setattr__(model, _FLAG, ok)
     return ok
+
+
+def enable_packing_for(model, store: TokenStore) -> bool:
+    """:func:`enable_packing` with a probe of the first :data:`PROBE_TEXTS` texts of the token store ``model`` will
+    read."""
+    return enable_packing(model, store.gather(np.arange(min(PROBE_TEXTS, len(store)))), store.features)
 
 
 def _probe_agrees(model, probe: TokenRows, layout: dict) -> bool:
@@ -288,5 +295,5 @@ def text_chunks(model, texts: list[str], *, task: str, max_length: int, budget: 
 
     ids, lengths, layout = tokenize(model, texts, task=task, max_length=max_length)
     rows = TokenRows(ids, lengths)
-    enable_packing(model, rows.take(np.arange(min(8, len(rows)))), layout)
+    enable_packing(model, rows.take(np.arange(min(PROBE_TEXTS, len(rows)))), layout)
     return chunks_of(rows, layout, budget, packed=packs(model), device=next(model.parameters()).device)

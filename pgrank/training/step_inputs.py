@@ -118,7 +118,7 @@ def step_tokens(params: Params, paths, store, corpus, policy, *, reference=None,
     policy, and the KL ``reference``) when their architecture packs. ``validation``: ``{name: corpus store}`` of
     the out-of-domain sets, whose documents ``tower: both`` encodes too."""
     from pgrank.data.token_store import corpus_tokens, query_tokens
-    from pgrank.models.packing import enable_packing
+    from pgrank.models.packing import enable_packing_for
 
     cfg = params.train
     queries = query_tokens(policy, paths, store, max_length=cfg.max_query_length)
@@ -127,10 +127,9 @@ def step_tokens(params: Params, paths, store, corpus, policy, *, reference=None,
     if cfg.tower == "both":
         documents = corpus_tokens(policy, paths, corpus, task="document", max_length=cfg.max_doc_length,
                                   progress=progress)
-        probe = documents.gather(np.arange(min(8, len(documents))))
         for model in (policy, reference):
             if model is not None:
-                enable_packing(model, probe, documents.features)
+                enable_packing_for(model, documents)
         others = {name: corpus_tokens(policy, paths, other, task="document", max_length=cfg.max_doc_length)
                   for name, other in (validation or {}).items()}
     if cfg.document_anchor.coef:
@@ -145,7 +144,7 @@ def scratch_tokens(params: Params, model, corpus, queries: list[str], folder) ->
     from pathlib import Path
 
     from pgrank.data.token_store import build_token_store, corpus_blocks
-    from pgrank.models.packing import enable_packing
+    from pgrank.models.packing import enable_packing_for
 
     cfg, folder = params.train, Path(folder)
     source = {"name": "scratch", "sha256": getattr(corpus, "sha256", "-")}
@@ -156,5 +155,5 @@ def scratch_tokens(params: Params, model, corpus, queries: list[str], folder) ->
                                max_length=cfg.max_doc_length, source=source) if cfg.document_anchor.coef else None
     asked = build_token_store(model, lambda lo, hi: queries[lo:hi], len(queries), folder / "queries", task="query",
                               max_length=cfg.max_query_length, source={"name": "queries", "sha256": "-"})
-    enable_packing(model, documents.gather(np.arange(min(8, len(documents)))), documents.features)
+    enable_packing_for(model, documents)
     return StepTokens(asked, documents, anchor)

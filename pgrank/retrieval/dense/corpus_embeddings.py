@@ -48,7 +48,7 @@ from pgrank.data.beir import document_text
 from pgrank.data.corpus_store import CorpusStore
 from pgrank.errors import DataError
 from pgrank.data.token_store import TokenStore
-from pgrank.models.packing import enable_packing
+from pgrank.models.packing import enable_packing_for
 from pgrank.retrieval.dense.encoding import encode_documents, encode_token_rows, encodes_tokens, encoding_devices
 
 if TYPE_CHECKING:
@@ -234,7 +234,7 @@ def _build(load_model, model_key, num_docs: int, texts, folder: Path, *, corpus_
         log.info("%s: %d of %d shards to encode", folder, len(todo), num_shards)
     bar = tqdm(total=num_docs, initial=num_docs - sum(rows_of[i] for i in todo), unit="doc",
                desc="Encoding corpus", disable=not show_progress or not todo, smoothing=0.05)
-    pool = model = home = store = None
+    pool = model = home = ids = None
     try:
         for i in todo:
             if model is None:
@@ -246,11 +246,11 @@ def _build(load_model, model_key, num_docs: int, texts, folder: Path, *, corpus_
                     home = model.device  # the pool moves the model to CPU; it goes back afterwards
                     pool = model.start_multi_process_pool(devices)
                 elif tokens is not None and encodes_tokens(model):
-                    store = tokens(model)
-                    enable_packing(model, store.gather(np.arange(min(8, len(store)))), store.features)
+                    ids = tokens(model)
+                    enable_packing_for(model, ids)
             lo = i * chunk_size
-            if store is not None:
-                emb = encode_token_rows(model, store.gather(np.arange(lo, lo + rows_of[i])), store.features,
+            if ids is not None:
+                emb = encode_token_rows(model, ids.gather(np.arange(lo, lo + rows_of[i])), ids.features,
                                         budget=batch_size * max_seq_length)
             else:
                 emb = encode_documents(model, texts(lo, lo + rows_of[i]), batch_size=batch_size, pool=pool)
