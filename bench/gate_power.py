@@ -1,23 +1,43 @@
-"""How often the champion gate promotes by chance, and how many gate queries a real gain needs: ``python bench/gate_power.py``.
+"""How often scheduled retraining promotes a model that is no better, per decision and per year, and how many gate
+queries a real gain needs: ``python bench/gate_power.py``.
 
-A Monte Carlo of the gate's decision (:func:`pgrank.core.promotion.simulate_gates`, which calls the rule the
-gate itself uses, :func:`pgrank.core.promotion.judge`, and its choice among challengers,
-:func:`pgrank.core.promotion.choose`) on SciFact's per-query spread: the per-query nDCG@10 of the demo's warm
-start (all-MiniLM-L6-v2) and of its policy on scifact/test, reranking (``bench/data/scifact-demo-per-query.json``,
-taken from a demo run with ``--spread``). Simulated gates resample those queries: the champion's values, and
-each challenger's per-query gain, centred at zero (the null) and shifted by a true gain ``delta``. The rule is
-``params.yaml``'s: paired t-test, ``alpha`` 0.05, ``min_gain`` 0.
+A Monte Carlo of the gate's rule (:func:`pgrank.core.promotion.simulate_years`, which decides with the p-values and
+the rule :func:`pgrank.core.promotion.judge` uses) on SciFact's per-query spread: the per-query nDCG@10 of the
+demo's warm start (all-MiniLM-L6-v2) and of its policy on scifact/test, reranking
+(``bench/data/scifact-demo-per-query.json``, taken from a demo run with ``--spread``). Their difference is exactly 0
+on 70% of the queries (both rank the query alike).
 
-1. **False promotions under the null** (true gain 0), for gate sizes 100, 300 and 1,000: one challenger, and
-   three challengers chosen on the selection split (100 queries, what the gate does), and, for contrast,
-   three chosen on the gate's own mean and then tested there (the rule the gate no longer uses).
-2. **Power** of one challenger with a true gain of 0.01, 0.02 and 0.03 nDCG@10, for the same gate sizes.
+**The null keeps the ties.** A simulated year draws its gate once, ``gate_size`` queries resampled from the 300, and
+takes 52 weekly decisions on those same queries. A challenger differs from the champion on a query by the real
+pair's absolute difference there, with a random sign: a tie stays a tie (centring the differences at their mean
+instead would turn the 70% ties into one negative value and skew the null). Two kinds of retraining:
+
+* ``warm_start`` (every challenger trained afresh from one warm start): each model deviates from the common quality
+  on a query by ``|d| * z / sqrt(2)``, z standard normal, so two models differ by the real spread with its ties, and
+  the year's decisions share the champion's deviation on the frozen gate (positively dependent).
+* ``continual`` (every challenger is the champion trained further): each difference is a fresh ``|d| * sign``,
+  independent of the past, whoever the champion is; the decisions of a year are independent given the gate, the
+  case in which a year's chances of a false promotion add up the most.
+
+Under the null every promotion is false, so a year counts once its first decision promotes; until then the budget
+rules' levels are those of a year without promotions, and what the champion becomes after a promotion does not
+change the count. Rules: no budget (every decision at ``alpha`` 0.05, one-sided), and ``champion.budget`` 0.05 over
+``horizon`` 52 decisions by ``spending`` and ``fallback`` (:mod:`pgrank.core.error_budget`; equal under the null).
+
+**Power** of one decision whose challenger is truly better by ``delta`` nDCG@10: a sign is positive with
+probability ``(1 + delta / mean|d|) / 2`` (the better model wins more of the queries the two rank differently, by
+the same amounts), at each rule's level: ``alpha``, ``budget / horizon``, and twice that (``fallback`` right after a
+promotion). The tests are the paired t-test and the signed-rank test (Pratt), both one-sided.
+
+**Non-inferiority** with a margin of 0.01: the rate at the boundary (true gain -0.01, where a promotion is false)
+and the chance to promote an equally good challenger.
 
 Writes ``bench/out/gate_power.json`` (``--out``; :mod:`record`: the command, the machine, the results) and prints
-Markdown tables; ``docs/generate.py`` renders the record through :func:`render`. A pure computation: about a minute on 2 cores.
+Markdown tables; ``docs/generate.py`` renders the record through :func:`render`. A pure computation: a few
+minutes on 2 cores.
 
 Example:
-    $ python bench/gate_power.py                              # 4,000 simulated gates per cell
+    $ python bench/gate_power.py                              # 10,000 simulated years per cell (t-test)
     $ python bench/gate_power.py --spread runs/demo           # refresh the spread from a finished demo first
 """
 
@@ -36,12 +56,15 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from record import add_out_option, new_record, save, table  # noqa: E402
 
-TITLE = "Champion gate: false promotions and power"
+TITLE = "Champion gate: false promotions per decision and per year, and power"
 
 SPREAD = ROOT / "bench" / "data" / "scifact-demo-per-query.json"
-GATE_SIZES = (100, 300, 1000)
+GATE_SIZES = (300, 1000)
+POWER_SIZES = (100, 300, 1000)
 DELTAS = (0.01, 0.02, 0.03)
-SELECTION_SIZE = 100  # the demo's validation split
+TESTS = ("student", "wilcoxon")
+ALPHA, BUDGET, HORIZON, MARGIN = 0.05, 0.05, 52, 0.01
+WILCOXON_SHARE = 2  # the signed-rank test is slower: it simulates half the years
 WARM, POLICY = "minilm", "pgrank-minilm"
 
 
@@ -72,37 +95,68 @@ def write_spread(demo: Path, path: Path = SPREAD) -> None:
         **found})
 
 
-def simulate(differences: np.ndarray, baseline: np.ndarray, trials: int, seed: int) -> dict:
-    """The null table and the power table (see the module docstring)."""
-    from pgrank.config import ChampionConfig
-    from pgrank.core.promotion import simulate_gates
+def levels() -> dict[str, list[float]]:
+    """Each rule's levels over a year without promotions (the null's history until its first false promotion)."""
+    from pgrank.core.error_budget import RULES, schedule
 
-    cfg = ChampionConfig()
-    rule = {"min_gain": cfg.min_gain, "test": cfg.test, "alpha": cfg.alpha}
-    null, power = [], []
+    return {"none": [ALPHA] * HORIZON,
+            **{rule: schedule(rule, BUDGET, HORIZON, [False] * HORIZON) for rule in RULES}}
+
+
+def simulate(differences: np.ndarray, trials: int, seed: int) -> dict:
+    """The null table, the power table and the non-inferiority table (see the module docstring)."""
+    from pgrank.core.error_budget import BudgetState, level, spend
+    from pgrank.core.promotion import simulate_years
+
+    sequences = levels()
+    null = []
+    for test in TESTS:
+        years = trials if test == "student" else max(trials // WILCOXON_SHARE, 100)
+        for training in ("warm_start", "continual"):
+            for n in GATE_SIZES:
+                found = simulate_years(differences, sequences, gate_size=n, training=training, years=years, test=test,
+                                       seed=seed)
+                for rule, (decisions, yearly) in found.items():
+                    null.append({"test": test, "training": training, "gate_size": n, "rule": rule,
+                                 "level": sequences[rule][0], "decisions": decisions.trials,
+                                 "promotions": decisions.promotions, "rate": decisions.rate, "error": decisions.error,
+                                 "years": yearly.trials, "years_promoted": yearly.promotions,
+                                 "yearly_rate": yearly.rate, "yearly_error": yearly.error})
+    after = level("fallback", BUDGET, HORIZON, spend(BudgetState(), BUDGET / HORIZON, True))
+    at = {"none": ALPHA, "spending": BUDGET / HORIZON, "fallback after a promotion": after}
+    power = []
+    for test in TESTS:
+        years = max(trials // (10 if test == "student" else 10 * WILCOXON_SHARE), 20)
+        for n in POWER_SIZES:
+            for delta in DELTAS:
+                found = simulate_years(differences, {k: [a] * HORIZON for k, a in at.items()}, gate_size=n,
+                                       training="continual", gain=delta, years=years, test=test, seed=seed)
+                power += [{"test": test, "gate_size": n, "delta": delta, "rule": rule, "level": at[rule],
+                           "decisions": sim.trials, "promotions": sim.promotions, "rate": sim.rate,
+                           "error": sim.error} for rule, (sim, _) in found.items()]
+    margin = []
     for n in GATE_SIZES:
-        for challengers, chosen_on in ((1, "selection"), (3, "selection"), (3, "gate")):
-            sim = simulate_gates(differences, baseline, gate_size=n, challengers=challengers, choose_on=chosen_on,
-                                 selection_size=SELECTION_SIZE, trials=trials, seed=seed, **rule)
-            null.append({"gate_size": n, "challengers": challengers, "chosen_on": chosen_on, "trials": trials,
-                         "promotions": sim.promotions, "rate": sim.rate, "error": sim.error})
-        for delta in DELTAS:
-            sim = simulate_gates(differences, baseline, gate_size=n, delta=delta, trials=trials, seed=seed, **rule)
-            power.append({"gate_size": n, "delta": delta, "trials": trials, "promotions": sim.promotions,
-                          "rate": sim.rate, "error": sim.error})
-    return {"rule": rule, "selection_size": SELECTION_SIZE, "null": null, "power": power}
+        for gain in (-MARGIN, 0.0):
+            found = simulate_years(differences, {k: [a] * HORIZON for k, a in at.items() if k != "fallback after a promotion"},
+                                   gate_size=n, training="continual", gain=gain, years=max(trials // 4, 20),
+                                   margin=MARGIN, seed=seed)
+            margin += [{"gate_size": n, "gain": gain, "rule": rule, "level": at[rule], "decisions": sim.trials,
+                        "promotions": sim.promotions, "rate": sim.rate, "error": sim.error}
+                       for rule, (sim, _) in found.items()]
+    return {"rule": {"alpha": ALPHA, "budget": BUDGET, "horizon": HORIZON, "min_gain": 0.0, "margin": MARGIN},
+            "null": null, "power": power, "non_inferiority": margin}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--trials", type=int, default=4000, help="simulated gates per cell (at least 2,000)")
+    parser.add_argument("--trials", type=int, default=10000, help="simulated years per cell of the t-test (at least 2,000)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--spread", type=Path, default=None, metavar="DEMO",
                         help="first refresh bench/data/ from a finished demo workspace, e.g. runs/demo")
     add_out_option(parser, __file__)
     args = parser.parse_args()
     if args.trials < 2000:
-        parser.error("--trials: at least 2,000 simulated gates per cell")
+        parser.error("--trials: at least 2,000 simulated years per cell")
 
     if args.spread is not None:
         write_spread(args.spread)
@@ -112,7 +166,7 @@ def main() -> None:
 
 
 def measure(trials: int, seed: int, spread: Path = SPREAD) -> dict:
-    """The record's results: the spread simulated, the null table, the power table, and the seconds they took."""
+    """The record's results: the spread simulated, the null, power and non-inferiority tables, and the seconds they took."""
     differences, baseline, source = read_spread(spread)
     started = time.perf_counter()
     results = {"spread": {"source": source["source"], "params": source.get("params"),
@@ -120,33 +174,59 @@ def measure(trials: int, seed: int, spread: Path = SPREAD) -> dict:
                           "queries": len(differences), "warm_start_mean": float(baseline.mean()),
                           "mean_gain": float(differences.mean()), "sd_gain": float(differences.std(ddof=1)),
                           "ties": float(np.mean(differences == 0))},
-               **simulate(differences, baseline, trials, seed)}
+               **simulate(differences, trials, seed)}
     results["seconds"] = round(time.perf_counter() - started, 1)
     return results
 
 
 def render(record: dict) -> str:
-    """The record as Markdown: the spread, the false-promotion rates and the power table."""
+    """The record as Markdown: the spread, the false-promotion rates, the power and the non-inferiority tables."""
     s, rule = record["spread"], record["rule"]
-    cell = lambda r: f"{r['rate']:.4f} ± {r['error']:.4f}"  # noqa: E731
-    sizes = sorted({r["gate_size"] for r in record["null"]})
-    null = {(r["gate_size"], r["challengers"], r["chosen_on"]): r for r in record["null"]}
+    rate = lambda r: f"{r['rate']:.5f} ± {r['error']:.5f}"  # noqa: E731
+    yearly = lambda r: f"{r['yearly_rate']:.3f} ± {r['yearly_error']:.3f}"  # noqa: E731
+    rules = list(dict.fromkeys(r["rule"] for r in record["null"]))
+    null = {(r["test"], r["training"], r["gate_size"], r["rule"]): r for r in record["null"]}
+    keys = sorted({(r["test"], r["training"], r["gate_size"]) for r in record["null"]},
+                  key=lambda k: (k[0] != "student", k[1], k[2]))
+    named = {"none": f"no budget (alpha {rule['alpha']:g})", "spending": "spending", "fallback": "fallback"}
+    per = {(r["test"], r["gate_size"], r["delta"], r["rule"]): r for r in record["power"]}
+    at = list(dict.fromkeys(r["rule"] for r in record["power"]))
+    levels = {r["rule"]: r["level"] for r in record["power"]}
     deltas = sorted({r["delta"] for r in record["power"]})
-    power = {(r["gate_size"], r["delta"]): r for r in record["power"]}
+    sizes = sorted({r["gate_size"] for r in record["power"]})
+    tests = list(dict.fromkeys(r["test"] for r in record["power"]))
+    ni = {(r["gate_size"], r["gain"], r["rule"]): r for r in record["non_inferiority"]}
+    ni_sizes, ni_rules = sorted({r["gate_size"] for r in record["non_inferiority"]}), list(dict.fromkeys(
+        r["rule"] for r in record["non_inferiority"]))
+    student_years = null[keys[0] + (rules[0],)]["years"]
     return "\n".join([
         f"Simulated gates resample SciFact's per-query nDCG@10 ({s['source']}; {s['queries']} queries, `{s['file']}`): "
         f"the warm start's mean is {s['warm_start_mean']:.4f}; the policy's per-query gain has mean "
         f"{s['mean_gain']:+.4f} and standard deviation {s['sd_gain']:.4f}, and is exactly 0 on {s['ties']:.0%} of "
-        f"the queries. Rule: paired {rule['test']} test, alpha {rule['alpha']:g}, min_gain {rule['min_gain']:g}; "
-        f"{record['null'][0]['trials']:,} simulated gates per cell ({record['seconds']} s).", "",
-        "**False promotions** (true gain 0; ± one Monte-Carlo standard error). The gain must be positive and the "
-        "two-sided p below alpha, so one test promotes at about alpha / 2:", "",
-        *table(["gate queries", "1 challenger", "3, best on selection (the gate's rule)", "3, best on the gate itself"],
-               [[f"{n:,}", cell(null[n, 1, "selection"]), cell(null[n, 3, "selection"]), cell(null[n, 3, "gate"])]
-                for n in sizes], "rrrr"), "",
-        "**Power**: the share of gates that promote one challenger whose true gain is delta nDCG@10:", "",
-        *table(["gate queries", *(f"delta {d:g}" for d in deltas)],
-               [[f"{n:,}", *(f"{power[n, d]['rate']:.3f}" for d in deltas)] for n in sizes], "r" * (1 + len(deltas)))])
+        f"the queries. Null: the real absolute differences with random signs (ties kept). A year is "
+        f"{rule['horizon']} decisions on one frozen gate set; budget {rule['budget']:g} over {rule['horizon']} "
+        f"decisions (level {rule['budget'] / rule['horizon']:.6f} per decision before any promotion); one-sided "
+        f"tests, min_gain {rule['min_gain']:g}; {student_years:,} simulated years per t-test cell "
+        f"({record['seconds']} s).", "",
+        "**False promotions** (true gain 0; ± one Monte-Carlo standard error): the rate per decision, and the share "
+        "of years with at least one false promotion:", "",
+        *table(["test", "retraining", "gate queries", *(f"{named[r]}: per decision" for r in rules),
+                *(f"{named[r]}: per year" for r in rules)],
+               [[t, tr.replace("_", " "), f"{n:,}", *(rate(null[t, tr, n, r]) for r in rules),
+                 *(yearly(null[t, tr, n, r]) for r in rules)] for t, tr, n in keys], "llr" + "r" * 2 * len(rules)),
+        "",
+        "**Power**: the share of decisions that promote a challenger whose true gain is delta nDCG@10, at each "
+        "rule's level:", "",
+        *table(["test", "gate queries", *(f"{r} ({levels[r]:.3g}), delta {d:g}" for r in at for d in deltas)],
+               [[t, f"{n:,}", *(f"{per[t, n, d, r]['rate']:.3f}" for r in at for d in deltas)]
+                for t in tests for n in sizes], "lr" + "r" * len(at) * len(deltas)), "",
+        f"**Non-inferiority** (margin {rule['margin']:g}, t-test): the rate at the boundary (true gain "
+        f"-{rule['margin']:g}, a false promotion) and the chance to promote an equally good challenger (true gain 0):",
+        "",
+        *table(["gate queries", *(f"{r} ({ni[ni_sizes[0], -rule['margin'], r]['level']:.3g}): {what}"
+                                  for r in ni_rules for what in ("at the boundary", "equal"))],
+               [[f"{n:,}", *(v for r in ni_rules for v in (rate(ni[n, -rule["margin"], r]), f"{ni[n, 0.0, r]['rate']:.3f}"))]
+                for n in ni_sizes], "r" + "rr" * len(ni_rules))])
 
 
 if __name__ == "__main__":

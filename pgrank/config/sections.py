@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 PositiveInt = Annotated[int, Field(gt=0)]
 NonNegInt = Annotated[int, Field(ge=0)]
@@ -258,9 +258,13 @@ GATE_METRIC = re.compile(r"^(ndcg|mrr|recall|map|precision)@(\d+)$")
 class ChampionConfig(Section):
     """The promotion gate of scheduled retraining (:mod:`pgrank.pipeline.gate`, ``flows/retraining.py``).
 
-    Champion and challenger are evaluated side by side on one gate set; the challenger is promoted only
-    if its mean ``metric`` beats the champion's by more than ``min_gain`` and a paired ``test`` over the
-    gate queries gives ``p < alpha`` (``alpha: null``: no significance required).
+    Champion and challenger are evaluated side by side on one gate set. Superiority (``margin`` unset): the
+    challenger is promoted only if its mean ``metric`` beats the champion's by more than ``min_gain`` and a
+    one-sided paired ``test`` over the gate queries gives ``p`` below the decision's level. Non-inferiority
+    (``margin`` set): it is promoted unless it is worse by more than ``margin`` (one-sided test of H0: gain <=
+    -margin). The level is ``alpha`` for every decision, or, with ``budget`` set (and ``alpha: null``), the level
+    ``budget_rule`` gives each decision so that the chance of any false promotion over ``horizon`` decisions is at
+    most ``budget`` (:mod:`pgrank.core.error_budget`).
     """
 
     gate_set: str = Field(default="frozen", pattern=r"^frozen$|^[\w.-]+/[\w.-]+$",
@@ -271,15 +275,51 @@ class ChampionConfig(Section):
                                     "rule; promote: it is promoted without a comparison")
     stage: EvalStage = "rerank"
     metric: str = "ndcg@10"
-    min_gain: float = 0.0
-    test: Literal["student", "wilcoxon", "fisher"] = "student"
-    alpha: Annotated[float, Field(gt=0, lt=1)] | None = 0.05
+    min_gain: float = Field(default=0.0, description="superiority: the challenger's mean gain over the champion must "
+                                                     "exceed it (leave 0 with a margin)")
+    test: Literal["student", "wilcoxon", "fisher"] = Field(
+        default="student", description="the paired test over the gate queries, one-sided in the direction of a gain "
+                                       "(wilcoxon: signed-rank, ties ranked then dropped, Pratt's method; fisher: "
+                                       "randomization by sign flips)")
+    alpha: Annotated[float, Field(gt=0, lt=1)] | None = Field(
+        default=0.05, description="the level of every decision, p < alpha (null: no significance required, or the "
+                                  "levels come from budget)")
+    budget: Annotated[float, Field(gt=0, lt=1)] | None = Field(
+        default=None, description="the chance of any false promotion over horizon decisions (e.g. 0.05), spent by "
+                                  "budget_rule; needs alpha: null (null: every decision at alpha)")
+    horizon: PositiveInt = Field(default=52, description="decisions the budget covers (52: a year of weekly runs); "
+                                                        "after them the level is 0 until a new budget starts")
+    budget_rule: Literal["spending", "fallback"] = Field(
+        default="spending", description="spending: budget / horizon per decision (alpha spending); fallback: the "
+                                        "same, plus the level of the previous decision when it promoted")
+    margin: NonNegFloat | None = Field(
+        default=None, description="non-inferiority: promote unless the challenger is worse by more than margin (in "
+                                  "the metric's units, e.g. 0.005 nDCG@10; null: superiority with min_gain)")
+    refresh_after: PositiveInt | None = Field(
+        default=None, description="decisions on one gate set before it is refreshed from newly judged queries "
+                                  "(null: only after a promotion)")
 
     @field_validator("metric")
     @classmethod
     def _metric_name(cls, v: str) -> str:
         if not GATE_METRIC.match(v):
             raise ValueError("expected ndcg@K, mrr@K, recall@K, map@K or precision@K")
+        return v
+
+    @field_validator("budget")
+    @classmethod
+    def _budget_or_alpha(cls, v: float | None, info: ValidationInfo) -> float | None:
+        if v is not None and info.data.get("alpha") is not None:
+            raise ValueError(f"a budget sets every decision's level (budget_rule), so champion.alpha must be null "
+                             f"with it (it is {info.data['alpha']!r}): set champion.alpha: null, or drop the budget")
+        return v
+
+    @field_validator("margin")
+    @classmethod
+    def _margin_or_min_gain(cls, v: float | None, info: ValidationInfo) -> float | None:
+        if v is not None and info.data.get("min_gain"):
+            raise ValueError(f"a margin asks for non-inferiority, min_gain for superiority, so champion.min_gain must "
+                             f"be 0 with it (it is {info.data['min_gain']!r})")
         return v
 
 

@@ -5,20 +5,29 @@ Scheduled retraining moves the champion alias only when a challenger passes one 
 
 * :func:`choose`: with several challengers, the one to send to the gate is the best on the *selection*
   split (its validation nDCG@10), never on the gate queries themselves. Only the chosen one is tested on
-  the gate, so each gate decision is one test at level ``alpha`` however many challengers there were
-  (a Holm correction over all of them is the alternative not taken: it would spend the gate's power on
-  challengers the selection split already ruled out).
-* :func:`judge`: the chosen challenger is promoted only if its mean over the gate queries beats the
-  baseline's (the champion, or for the first run its warm start) by more than ``min_gain`` and a paired
-  ``test`` gives ``p < alpha``. The test is two-sided and the gain must be positive, so under the null a
-  symmetric difference promotes at rate about ``alpha / 2``.
-* :func:`simulate_gates`: a Monte Carlo of that decision on per-query differences resampled from a real
-  evaluation (SciFact's, in ``bench/gate_power.py``): the false-promotion rate under the null (true gain
-  0) and the power under a true gain, through :func:`choose` and :func:`judge` themselves.
+  the gate, so each gate decision is one test however many challengers there were (a Holm correction over
+  all of them is the alternative not taken: it would spend the gate's power on challengers the selection
+  split already ruled out).
+* :func:`judge`: one decision at a given level. **Superiority** (``margin`` unset): the challenger is promoted
+  only if its mean gain over the baseline (the champion, or for the first run its warm start) exceeds
+  ``min_gain`` and a one-sided paired test of H0 "gain <= 0" against H1 "gain > 0" gives ``p < level``.
+  **Non-inferiority** (``margin`` m >= 0): it is promoted unless it is worse by more than m, that is when the
+  one-sided test of H0 "gain <= -m" gives ``p < level``. Every test (``student``, ``wilcoxon``, ``fisher``) is
+  one-sided in the direction of a gain, so a decision promotes a challenger that is no better (or, with a
+  margin, worse by m) with probability at most its level.
+* The level comes from ``champion.alpha`` (the same for every decision), or from an error budget over a horizon
+  of decisions (:mod:`pgrank.core.error_budget`), which bounds the chance of any false promotion in, say, a year.
+* :func:`simulate_years`: a Monte Carlo of a year of decisions on one frozen gate set, on per-query differences
+  resampled from a real evaluation (SciFact's, in ``bench/gate_power.py``), with the ties kept: the per-decision
+  and yearly false-promotion rates and the power, through the rule :func:`judge` applies (:func:`gate_p_values`,
+  :func:`promotes`).
 
 Example:
-    >>> judge(np.array([0.7, 0.8, 0.9]), np.array([0.5, 0.6, 0.7]), min_gain=0.0, test="student", alpha=0.05)
-    Verdict(promoted=True, gain=0.2, p_value=0.0, reason='promoted')
+    >>> base = np.linspace(0.2, 0.8, 40)
+    >>> judge(base + 0.05, base, min_gain=0.0, test="student", alpha=0.05).reason
+    'promoted'
+    >>> judge(base - 0.005, base, min_gain=0.0, test="student", alpha=0.05, margin=0.01).promoted  # non-inferior
+    True
 """
 
 from __future__ import annotations
@@ -30,38 +39,53 @@ from typing import Literal
 
 import numpy as np
 
-from pgrank.core.significance import paired_p_value
+from pgrank.core.significance import paired_p_value, student_p_values
 
 Reason = Literal["promoted", "not_better", "not_significant"]
+Training = Literal["warm_start", "continual"]
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """One gate decision on per-query values: promoted or not, the mean gain, its p-value and why."""
+    """One gate decision on per-query values: promoted or not, the mean gain, its one-sided p-value, why, and the
+    level the test was run at (``None``: no significance asked for)."""
 
     promoted: bool
     gain: float
     p_value: float
     reason: Reason
+    level: float | None = None
 
 
-def judge(challenger: np.ndarray, baseline: np.ndarray, *, min_gain: float, test: str, alpha: float | None) -> Verdict:
+def promotes(gain, p_value, *, min_gain: float, margin: float | None, level: float | None):
+    """The rule on a decision's mean gain and one-sided p-value (arrays broadcast): superiority, gain above
+    ``min_gain`` and ``p < level``; non-inferiority (``margin`` set), gain above ``-margin`` and ``p < level``.
+    ``level`` ``None``: no significance asked for; ``level`` 0 (a spent budget) never promotes."""
+    better = np.asarray(gain) > (min_gain if margin is None else -margin)
+    return better if level is None else better & (np.asarray(p_value) < level)
+
+
+def judge(challenger: np.ndarray, baseline: np.ndarray, *, min_gain: float, test: str, alpha: float | None,
+          margin: float | None = None) -> Verdict:
     """The gate's rule on two systems' values over the same gate queries (same order).
 
     Args:
         challenger, baseline: ``(Q,)`` per-query values of ``champion.metric``.
-        min_gain: the mean gain must exceed it.
-        test: the paired test (``student``, ``wilcoxon``, ``fisher``).
-        alpha: the gain must also be significant, ``p < alpha`` (``None``: no significance required).
+        min_gain: superiority: the mean gain must exceed it (ignored with a ``margin``).
+        test: the paired test (``student``, ``wilcoxon``, ``fisher``), one-sided in the direction of a gain.
+        alpha: the level of this decision, ``champion.alpha`` or the error budget's level; the one-sided ``p`` must
+            be below it (``None``: no significance required; 0: a spent budget, never promoted).
+        margin: ``None``: superiority. A margin ``m >= 0`` in the metric's units: non-inferiority, promote unless
+            the challenger is worse than the baseline by more than ``m`` (H0: gain <= -m).
     """
     challenger, baseline = np.asarray(challenger, dtype=np.float64), np.asarray(baseline, dtype=np.float64)
     gain = float(challenger.mean() - baseline.mean()) if len(challenger) else 0.0
-    p = paired_p_value(challenger, baseline, test)
-    if not gain > min_gain:
-        return Verdict(False, gain, p, "not_better")
-    if alpha is not None and not p < alpha:
-        return Verdict(False, gain, p, "not_significant")
-    return Verdict(True, gain, p, "promoted")
+    p = paired_p_value(challenger, baseline, test, alternative="greater", margin=margin or 0.0)
+    if not promotes(gain, 0.0, min_gain=min_gain, margin=margin, level=None):
+        return Verdict(False, gain, p, "not_better", alpha)
+    if not promotes(gain, p, min_gain=min_gain, margin=margin, level=alpha):
+        return Verdict(False, gain, p, "not_significant", alpha)
+    return Verdict(True, gain, p, "promoted", alpha)
 
 
 def choose(selection_scores: Sequence[float]) -> int:
@@ -75,12 +99,30 @@ def choose(selection_scores: Sequence[float]) -> int:
 # --------------------------------------------------------------------------------------- Monte Carlo
 
 
+def gate_p_values(differences: np.ndarray, test: str, margin: float = 0.0) -> np.ndarray:
+    """:func:`judge`'s one-sided p-values for a batch of gates: ``(..., Q)`` per-query differences (challenger minus
+    baseline) -> ``(...)``. ``student`` and ``wilcoxon`` run vectorized (the same values as
+    :func:`pgrank.core.significance.paired_p_value`, checked by the tests); ``fisher`` gate by gate."""
+    from scipy import stats
+
+    d = np.asarray(differences, dtype=np.float64) + margin
+    if test == "student":
+        return student_p_values(d, "greater")
+    if test == "wilcoxon":
+        d = np.round(d, 12)  # as paired_p_value: equal differences are ties
+        p = stats.wilcoxon(d, axis=-1, zero_method="pratt", alternative="greater").pvalue
+        return np.where(np.all(d == 0, axis=-1), 1.0, p)
+    flat = d.reshape(-1, d.shape[-1])
+    return np.array([paired_p_value(x, np.zeros_like(x), test, "greater") for x in flat]).reshape(d.shape[:-1])
+
+
 @dataclass(frozen=True)
 class Simulation:
     """How often simulated gates promoted: ``promotions`` of ``trials``, and the rate's Monte-Carlo standard error."""
 
     trials: int
     promotions: int
+    clustered: float | None = None  # the standard error between years, when the decisions of a year depend on each other
 
     @property
     def rate(self) -> float:
@@ -88,49 +130,93 @@ class Simulation:
 
     @property
     def error(self) -> float:
-        """Binomial standard error of :attr:`rate`, ``sqrt(r (1 - r) / trials)``."""
-        return math.sqrt(self.rate * (1 - self.rate) / self.trials)
+        """Standard error of :attr:`rate`: binomial, ``sqrt(r (1 - r) / trials)``, or the one between years."""
+        return self.clustered if self.clustered is not None else math.sqrt(self.rate * (1 - self.rate) / self.trials)
 
 
-def simulate_gates(differences: np.ndarray, baseline: np.ndarray, *, gate_size: int, delta: float = 0.0,
-                   challengers: int = 1, selection_size: int = 100, choose_on: Literal["selection", "gate"] = "selection",
-                   trials: int = 2000, min_gain: float = 0.0, test: str = "student", alpha: float | None = 0.05,
-                   seed: int = 0) -> Simulation:
-    """Simulate ``trials`` gate decisions and count the promotions.
-
-    Each trial draws ``gate_size`` gate queries: the baseline's values resampled from ``baseline``, and for
-    each of ``challengers`` challengers (independent of each other: the worst case for choosing on the
-    gate) its per-query gain over the baseline resampled from ``differences`` centred at zero, plus the
-    true gain ``delta``. The selection split is drawn the same way (``selection_size`` queries). The
-    challenger :func:`choose` picks (on the selection split, as the gate does; ``choose_on="gate"``: on
-    its gate mean, the rule this module replaces) meets the baseline in :func:`judge`.
+def draw_differences(rng: np.random.Generator, magnitudes: np.ndarray, weeks: int, *, training: Training,
+                     gain: float = 0.0, scale: float = 1.0) -> np.ndarray:
+    """Per-query differences (challenger minus champion) of ``weeks`` decisions on frozen gates.
 
     Args:
-        differences: ``(N,)`` real per-query differences (challenger minus baseline) whose spread is simulated.
-        baseline: ``(M,)`` real per-query values of the baseline.
-        gate_size: gate queries per simulated gate.
-        delta: the true mean gain of every challenger (0: the null hypothesis).
-        challengers: how many challengers one run brings.
-        selection_size: queries of the selection split.
-        choose_on: where the challenger to gate is chosen.
-        trials: simulated gates.
-        min_gain, test, alpha: the rule (:func:`judge`).
-        seed: of the random generator.
+        rng: the random generator.
+        magnitudes: ``(Y, Q)`` the absolute per-query differences of a real model pair on each year's gate
+            queries; a 0 (a tie: both models rank the query alike) stays 0 in every decision.
+        weeks: decisions per year.
+        training: ``continual``: each challenger is the champion trained further, so its difference is a fresh
+            draw, ``magnitude * sign`` with independent signs, whatever happened before (decisions independent
+            given the gate). ``warm_start``: each challenger is trained afresh from one warm start; every model
+            deviates from the common quality by ``magnitude * z / sqrt(2)`` (z standard normal), so a difference
+            has the real pair's spread and ties, and every decision of the year shares the champion's deviation
+            (decisions positively dependent).
+        gain: the true mean gain of every challenger. ``continual``: a sign is positive with probability
+            ``(1 + gain / scale) / 2``, a better model wins more of the queries the two rank differently, by the
+            same amounts. ``warm_start``: the null only.
+        scale: the mean of the magnitudes of the spread (so the mean difference is ``gain``).
 
     Returns:
-        The count of promotions (``rate`` and its ``error``).
+        ``(Y, weeks, Q)`` differences.
+    """
+    years, queries = magnitudes.shape
+    if training == "continual":
+        positive = rng.random((years, weeks, queries)) < (1 + gain / scale) / 2
+        return magnitudes[:, None, :] * np.where(positive, 1.0, -1.0)  # (Y, W, Q)
+    if gain:
+        raise ValueError("warm_start draws the null only")
+    champion = rng.standard_normal((years, 1, queries))
+    challengers = rng.standard_normal((years, weeks, queries))
+    return magnitudes[:, None, :] * (challengers - champion) / math.sqrt(2)  # (Y, W, Q)
+
+
+def simulate_years(differences: np.ndarray, levels: dict[str, Sequence[float | None]], *, gate_size: int,
+                   training: Training, gain: float = 0.0, years: int = 2000, test: str = "student",
+                   min_gain: float = 0.0, margin: float | None = None, seed: int = 0,
+                   chunk: int = 20) -> dict[str, tuple[Simulation, Simulation]]:
+    """Simulate ``years`` years of decisions, each year on one frozen gate set, and count the promotions.
+
+    Each year draws its gate once: ``gate_size`` queries resampled from the real ``differences`` (their magnitudes
+    and ties, :func:`draw_differences`). Every decision of the year meets the same gate queries, with the
+    dependence ``training`` gives; :func:`gate_p_values` and :func:`promotes` decide it as :func:`judge` does.
+
+    Under the null (``gain`` 0) every promotion is false, so a year counts once its first decision promotes;
+    until then every decision was kept, which is the history the level sequences in ``levels`` assume (an error
+    budget's levels before the first promotion, :func:`pgrank.core.error_budget.schedule`).
+
+    Args:
+        differences: ``(N,)`` real per-query differences of two models.
+        levels: name -> the levels of the year's decisions, one per week (``None``: no significance asked for).
+        gate_size: gate queries.
+        training: ``continual`` or ``warm_start`` (:func:`draw_differences`).
+        gain: the true gain of every challenger (``continual``; 0: the null).
+        years: simulated years.
+        test, min_gain, margin: the rule (:func:`judge`).
+        seed: of the random generator.
+        chunk: years drawn at once (memory: ``chunk * weeks * gate_size`` floats).
+
+    Returns:
+        name -> (the decisions: promotions of ``years * weeks``, with the standard error of their rate from the
+        spread of the yearly counts, since one year's decisions share a gate and a champion; the years with at
+        least one promotion).
     """
     rng = np.random.default_rng(seed)
-    centred = np.asarray(differences, dtype=np.float64) - float(np.mean(differences))
-    baseline = np.asarray(baseline, dtype=np.float64)
-    promotions = 0
-    for _ in range(trials):
-        champion = baseline[rng.integers(len(baseline), size=gate_size)]  # (G,)
-        gains = centred[rng.integers(len(centred), size=(challengers, gate_size))] + delta  # (C, G)
-        if choose_on == "selection":
-            scores = centred[rng.integers(len(centred), size=(challengers, selection_size))].mean(axis=1) + delta
-        else:
-            scores = gains.mean(axis=1)
-        chosen = choose(scores)
-        promotions += judge(champion + gains[chosen], champion, min_gain=min_gain, test=test, alpha=alpha).promoted
-    return Simulation(trials, promotions)
+    magnitudes = np.abs(np.asarray(differences, dtype=np.float64))
+    scale = float(magnitudes.mean())
+    weeks = len(next(iter(levels.values())))
+    decided = {name: [] for name in levels}  # name -> promotions per year
+    yearly = {name: 0 for name in levels}
+    for start in range(0, years, chunk):
+        y = min(chunk, years - start)
+        gate = magnitudes[rng.integers(len(magnitudes), size=(y, gate_size))]  # (Y, Q)
+        d = draw_differences(rng, gate, weeks, training=training, gain=gain, scale=scale)  # (Y, W, Q)
+        p, mean = gate_p_values(d, test, margin or 0.0), d.mean(axis=-1)  # (Y, W)
+        for name, sequence in levels.items():
+            outcome = np.stack([promotes(mean[:, w], p[:, w], min_gain=min_gain, margin=margin, level=a)
+                                for w, a in enumerate(sequence)], axis=1)  # (Y, W)
+            decided[name] += outcome.sum(axis=1).tolist()
+            yearly[name] += int(outcome.any(axis=1).sum())
+    found = {}
+    for name, counts in decided.items():
+        share = np.asarray(counts, dtype=np.float64) / weeks  # (Y,)
+        error = float(share.std(ddof=1) / math.sqrt(years)) if years > 1 else None
+        found[name] = (Simulation(years * weeks, int(sum(counts)), error), Simulation(years, yearly[name]))
+    return found
