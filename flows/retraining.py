@@ -13,7 +13,8 @@ Each run of :func:`pgrank_retrain`
    on the selection split (validation nDCG@10) and its baseline (the champion; with none yet, its warm
    start) are evaluated side by side on one fixed gate set, and the alias ``tracking.champion_alias``
    moves only if the challenger beats the baseline on ``champion.metric`` by more than
-   ``champion.min_gain`` with a paired test ``p < champion.alpha``: one test per decision. One gate runs at
+   ``champion.min_gain`` with a one-sided paired test ``p`` below the decision's level (the yearly error
+   budget's, ``champion.budget``, or ``champion.alpha``): one test per decision. One gate runs at
    a time (the ``pgrank-gate`` concurrency limit, one slot), holding a ``pgrank-device`` slot; the decision is recorded in the registry before
    the alias moves (:mod:`pgrank.pipeline.decisions`), and its table goes to MLflow (run tags, metrics,
    ``gate/decision.md``) and to this flow run as the markdown artifact ``champion-gate``.

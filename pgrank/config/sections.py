@@ -288,7 +288,7 @@ class ChampionConfig(Section):
         default=None, description="the chance of any false promotion over horizon decisions (e.g. 0.05), spent by "
                                   "budget_rule; needs alpha: null (null: every decision at alpha)")
     horizon: PositiveInt = Field(default=52, description="decisions the budget covers (52: a year of weekly runs); "
-                                                        "after them the level is 0 until a new budget starts")
+                                                        "after them a new budget starts (the next period)")
     budget_rule: Literal["spending", "fallback"] = Field(
         default="spending", description="spending: budget / horizon per decision (alpha spending); fallback: the "
                                         "same, plus the level of the previous decision when it promoted")

@@ -10,10 +10,13 @@ One test per decision. With several challengers (the versions one run registered
 objectives), the one sent to the gate is the best on the selection split, its validation nDCG@10
 (:func:`best_challenger`, :func:`selection_scores`); only it meets the gate. The baseline is the champion,
 or with no champion yet the challenger's warm start (``champion.first: gate``; ``promote``: no
-comparison). :func:`decide` is the rule, :func:`pgrank.core.promotion.judge` on per-query values: promote
-only if the challenger's mean ``champion.metric`` over the gate queries beats the baseline's by more than
-``champion.min_gain`` and a paired ``champion.test`` gives ``p < champion.alpha`` (``alpha: null``: no
-significance required). How often this promotes by chance is measured by ``bench/gate_power.py``.
+comparison). :func:`decide` is the rule, :func:`pgrank.core.promotion.judge` on per-query values. Superiority
+(the default): promote only if the challenger's mean ``champion.metric`` over the gate queries beats the baseline's
+by more than ``champion.min_gain`` and a one-sided paired ``champion.test`` gives ``p`` below the decision's level.
+Non-inferiority (``champion.margin`` m): promote unless the challenger is worse by more than m (one-sided test of
+H0 "gain <= -m"). The level is ``champion.alpha``, or with ``champion.budget`` the level the error budget gives
+this decision (:func:`pgrank.pipeline.retraining.budget_level`; ``alpha: null`` and no budget: no significance
+required). How often this promotes by chance is measured by ``bench/gate_power.py``.
 :func:`pgrank.pipeline.decisions.commit` records the decision in the registry first, then moves the alias
 (compare-and-set) and tags the challenger's version (the crash-safe ledger); :func:`log_decision` records the
 decision and its table (baseline vs challenger, per metric, with p-values) in MLflow as run tags, metrics and
@@ -23,7 +26,7 @@ Example:
     >>> decision = decide({"q1": {"ndcg@10": 0.9}, ...}, {"q1": {"ndcg@10": 0.7}, ...}, params.champion,
     ...                   challenger="4", champion="3", metrics=["ndcg@10"], gate="frozen ...")
     >>> print(decision.message)
-    promoted version 4: ndcg@10 0.7421 vs 0.6930 (+0.0491 > min_gain 0), student p = 0.0031 < 0.05
+    promoted version 4: ndcg@10 0.7421 vs 0.6930 (+0.0491 > min_gain 0), student p = 0.0016 < level 0.05
 """
 
 from __future__ import annotations
@@ -79,8 +82,10 @@ class Decision:
     gate: str = ""  # what the gate set is, in words
     queries: int = 0
     test: str = "student"
-    alpha: float | None = 0.05
+    alpha: float | None = 0.05  # the level this decision's test ran at (champion.alpha, or the error budget's)
     min_gain: float = 0.0
+    margin: float | None = None  # non-inferiority margin (None: superiority with min_gain)
+    budget: str = ""  # where the level came from, in words, with an error budget ("": champion.alpha)
     baseline: str = CHAMPION  # what the challenger met: the champion, or its warm start ("its warm start NAME")
     selection: dict[str, float] = field(default_factory=dict)  # version -> validation nDCG@10, with several challengers
 
@@ -103,14 +108,12 @@ class Decision:
                       f"{self.challenger}, meets the gate: one test per decision.", ""]
         if not self.rows:
             return "\n".join(lines)
-        lines += [f"Gate set: {self.gate} ({self.queries} queries). Rule: promote if the challenger's mean "
-                  f"`{self.metric}` beats {self.baseline}'s by more than {self.min_gain:g}"
-                  + (f" with a paired {self.test} test p < {self.alpha:g}." if self.alpha is not None else "."), ""]
+        lines += [f"Gate set: {self.gate} ({self.queries} queries). Rule: {self.rule}.", ""]
         if self.baseline == CHAMPION:
             base = f"champion (v{self.champion})" if self.champion else "champion (none)"
         else:
             base = self.baseline.removeprefix("its ")
-        lines += [f"| metric | {base} | challenger (v{self.challenger}) | gain | p ({self.test}) |",
+        lines += [f"| metric | {base} | challenger (v{self.challenger}) | gain | one-sided p ({self.test}) |",
                   "| --- | ---: | ---: | ---: | ---: |"]
         fmt = lambda v, spec: "–" if v is None else format(v, spec)  # noqa: E731
         for r in self.rows:
@@ -118,6 +121,19 @@ class Decision:
             lines.append(f"| {name} | {fmt(r.champion, '.4f')} | {fmt(r.challenger, '.4f')} | {fmt(r.gain, '+.4f')} "
                          f"| {fmt(r.p_value, '.2g')} |")
         return "\n".join(lines) + "\n"
+
+    @property
+    def rule(self) -> str:
+        """The rule the decision applied, in words: superiority or non-inferiority, the test and its level."""
+        if self.margin is None:
+            said = f"promote if the challenger's mean `{self.metric}` beats {self.baseline}'s by more than {self.min_gain:g}"
+        else:
+            said = (f"promote unless the challenger's mean `{self.metric}` is worse than {self.baseline}'s by more than "
+                    f"the margin {self.margin:g} (non-inferiority)")
+        if self.alpha is None:
+            return said
+        said += f", with a one-sided paired {self.test} test p < {self.alpha:.3g}"
+        return said + (f", the level {self.budget}" if self.budget else " (champion.alpha)")
 
     def as_dict(self) -> dict:
         return asdict(self) | {"message": self.message}
@@ -135,28 +151,37 @@ def best_challenger(selection: dict[str, float]) -> str:
 
 def decide(challenger_values: PerQuery, baseline_values: PerQuery | None, cfg: ChampionConfig, *,
            challenger: str, champion: str | None, metrics: list[str], gate: str = "", baseline: str = CHAMPION,
-           selection: dict[str, float] | None = None) -> Decision:
+           selection: dict[str, float] | None = None, level: float | None = None, budget: str = "") -> Decision:
     """The gate's rule (see the module docstring), on per-query values of both models on the same gate queries.
 
     Args:
         challenger_values: qid -> metric -> value of the challenger on the gate set.
         baseline_values: the same for the baseline (the champion, or the warm start); ``None``: there is no
             champion and ``champion.first: promote``, so the challenger is promoted without a comparison.
-        cfg: ``champion`` section: metric, min_gain, test, alpha.
+        cfg: ``champion`` section: metric, min_gain or margin, test, alpha or budget.
         challenger, champion: their model versions (for messages; ``champion`` is ``None`` before the first).
-        metrics: the table's rows (``cfg.metric`` is added first if missing).
+        metrics: the table's rows (``cfg.metric`` is added first if missing). Every row's p-value is the same
+            one-sided test as the decision's.
         gate: the gate set in words.
         baseline: what the challenger meets, in words (``"the champion"``, ``"its warm start NAME"``).
         selection: version -> validation nDCG@10 of the challengers the chosen one was picked among.
+        level: with ``cfg.budget``, this decision's level from the error budget (required then; 0: the budget is
+            spent and nothing is promoted); without one, ``cfg.alpha`` is the level and this must be ``None``.
+        budget: where ``level`` came from, in words (the decision's record and table name it).
 
     Returns:
         A :class:`Decision` with one :class:`Row` per metric. Only queries both models were evaluated
         on are compared (the gate set makes them the same).
     """
+    if (cfg.budget is not None) != (level is not None):
+        raise ValueError("decide: a level comes with champion.budget, and only with it "
+                         f"(budget {cfg.budget!r}, level {level!r})")
+    alpha = cfg.alpha if cfg.budget is None else level
     metrics = list(dict.fromkeys([cfg.metric, *metrics]))
     qids = sorted(set(challenger_values) & set(baseline_values)) if baseline_values is not None else sorted(challenger_values)
     base = dict(metric=cfg.metric, challenger=challenger, champion=champion, gate=gate, queries=len(qids),
-                test=cfg.test, alpha=cfg.alpha, min_gain=cfg.min_gain, baseline=baseline, selection=dict(selection or {}))
+                test=cfg.test, alpha=alpha, min_gain=cfg.min_gain, margin=cfg.margin, budget=budget,
+                baseline=baseline, selection=dict(selection or {}))
     if baseline_values is None:
         rows = [Row(m, float(_values(challenger_values, qids, m).mean()) if qids else 0.0) for m in metrics]
         return Decision(True, f"there was no champion yet and champion.first is promote ({cfg.metric} "
@@ -167,24 +192,26 @@ def decide(challenger_values: PerQuery, baseline_values: PerQuery | None, cfg: C
     for m in metrics:
         ours, theirs = _values(challenger_values, qids, m), _values(baseline_values, qids, m)
         if m == cfg.metric:
-            verdict = judge(ours, theirs, min_gain=cfg.min_gain, test=cfg.test, alpha=cfg.alpha)
+            verdict = judge(ours, theirs, min_gain=cfg.min_gain, test=cfg.test, alpha=alpha, margin=cfg.margin)
             rows.append(Row(m, float(ours.mean()), float(theirs.mean()), verdict.gain, verdict.p_value))
         else:
             rows.append(Row(m, float(ours.mean()), float(theirs.mean()), float(ours.mean() - theirs.mean()),
-                            paired_p_value(ours, theirs, cfg.test)))
+                            paired_p_value(ours, theirs, cfg.test, alternative="greater", margin=cfg.margin or 0.0)))
     head = rows[0]
-    scores = f"{cfg.metric} {head.challenger:.4f} vs {head.champion:.4f} ({head.gain:+.4f}"
-    if verdict.reason == "not_better":
-        return Decision(False, f"version {challenger} is not better than {baseline}: {scores} <= min_gain "
-                        f"{cfg.min_gain:g})", rows=rows, **base)
-    if verdict.reason == "not_significant":
-        return Decision(False, f"version {challenger}'s gain over {baseline} is not significant: {scores}), "
-                        f"{cfg.test} p = {head.p_value:.2g} >= {cfg.alpha:g}", rows=rows, **base)
-    significance = f", {cfg.test} p = {head.p_value:.2g} < {cfg.alpha:g}" if cfg.alpha is not None else ""
     against = "" if baseline == CHAMPION else f"{baseline}'s "
     scores = f"{cfg.metric} {head.challenger:.4f} vs {against}{head.champion:.4f} ({head.gain:+.4f}"
-    return Decision(True, f"{scores} > min_gain {cfg.min_gain:g}){significance}", rows=rows, **base)
-
+    bound = f"min_gain {cfg.min_gain:g}" if cfg.margin is None else f"-{cfg.margin:g}, the margin"
+    if verdict.reason == "not_better":
+        what = "not better than" if cfg.margin is None else "worse by more than champion.margin than"
+        return Decision(False, f"version {challenger} is {what} {baseline}: {scores} <= {bound})", rows=rows, **base)
+    source = f" ({budget})" if budget else ""
+    if verdict.reason == "not_significant":
+        what = "gain over" if cfg.margin is None else "non-inferiority to"
+        spent = "; the error budget is spent" if alpha == 0 else ""
+        return Decision(False, f"version {challenger}'s {what} {baseline} is not significant: {scores}), "
+                        f"{cfg.test} p = {head.p_value:.2g} >= level {alpha:.3g}{source}{spent}", rows=rows, **base)
+    significance = f", {cfg.test} p = {head.p_value:.2g} < level {alpha:.3g}{source}" if alpha is not None else ""
+    return Decision(True, f"{scores} > {bound}){significance}", rows=rows, **base)
 
 # --------------------------------------------------------------------------------------- registry
 
@@ -245,8 +272,9 @@ def log_decision(params: Params, paths: Paths, decision: Decision, *, parent_run
     """An MLflow run ``champion-gate`` (nested under the pipeline run) with the decision; returns its id.
 
     Tags ``pgrank.gate.decision`` (promoted | kept), ``pgrank.gate.baseline`` (what the challenger met),
-    ``pgrank.gate.reason``, ``pgrank.gate.metric``, ``pgrank.gate.challenger`` and ``pgrank.gate.champion``;
-    metrics ``gate.<champion|challenger|gain|p>.<metric>`` (``champion``: the baseline's mean) and, with several
+    ``pgrank.gate.reason``, ``pgrank.gate.metric``, ``pgrank.gate.challenger``, ``pgrank.gate.champion`` and
+    ``pgrank.gate.rule`` (the rule and its level, in words); metrics ``gate.<champion|challenger|gain|p>.<metric>``
+    (``champion``: the baseline's mean; ``p``: one-sided), ``gate.level`` (the test's level) and, with several
     challengers, ``gate.selection.v<version>`` (their validation nDCG@10); artifacts ``gate/decision.md`` (the
     table), ``gate/decision.json`` and ``gate/per_query.json``.
     """
@@ -260,7 +288,7 @@ def log_decision(params: Params, paths: Paths, decision: Decision, *, parent_run
             f"{DECISION_TAG}.baseline": decision.baseline,
             f"{DECISION_TAG}.reason": decision.reason[:4900], f"{DECISION_TAG}.metric": decision.metric,
             f"{DECISION_TAG}.challenger": str(decision.challenger), f"{DECISION_TAG}.champion": str(decision.champion),
-            f"{DECISION_TAG}.gate_set": decision.gate[:4900]}
+            f"{DECISION_TAG}.gate_set": decision.gate[:4900], f"{DECISION_TAG}.rule": decision.rule[:4900]}
     tracking.configure(params, paths)
     with mlflow.start_run(run_name="champion-gate", nested=parent_run_id is not None, parent_run_id=parent_run_id,
                           tags=tags) as run:
@@ -270,6 +298,8 @@ def log_decision(params: Params, paths: Paths, decision: Decision, *, parent_run
                 if value is not None:
                     metrics[f"gate.{who}.{r.metric}"] = value
         metrics.update({f"gate.selection.v{v}": score for v, score in decision.selection.items()})
+        if decision.alpha is not None and decision.rows:
+            metrics["gate.level"] = decision.alpha
         tracking.log_metrics(run, metrics)
         mlflow.log_text(decision.markdown(), "gate/decision.md")
         mlflow.log_text(json.dumps(decision.as_dict(), indent=2, sort_keys=True), "gate/decision.json")

@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 def due(params: Params, on_set: list[Record]) -> str | None:
     """Why the gate set is to be refreshed now (``None``: it is not): its last decision promoted, or it has made
     ``champion.refresh_after`` decisions. ``on_set``: the records of decisions on it, oldest first."""
-    refresh_after = getattr(params.champion, "refresh_after", None)
+    refresh_after = params.champion.refresh_after
     if on_set and on_set[-1].outcome == "promote":
         return f"its last decision promoted version {on_set[-1].challenger}"
     if refresh_after is not None and len(on_set) >= refresh_after:

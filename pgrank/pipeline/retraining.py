@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Literal, get_args
 from pgrank.config import Params, load_params
 from pgrank.errors import PgrankError
 from pgrank.paths import Paths
+from pgrank.core import error_budget
 from pgrank.pipeline import decisions, gate, provenance, refresh
 from pgrank.pipeline.champion import (
     CHAMPION,
@@ -204,7 +205,8 @@ def _gate(params: Params, paths: Paths, client: MlflowClient, parent_run_id: str
         per_query["warm start"] = baseline_values = gate.evaluate_system(params, paths, gate_set, warm)
     metrics, _, _ = gate.gate_metrics(params)
     decision = decide(per_query[f"v{chosen}"], baseline_values, cfg, challenger=chosen, champion=current,
-                      metrics=metrics, gate=gate_set.description, baseline=baseline, selection=selection)
+                      metrics=metrics, gate=gate_set.description, baseline=baseline, selection=selection,
+                      level=level, budget=budget_words(budget, level))
     record = decisions.settle(client, name, alias, decision, lambda d: log_run(d, per_query), gate_set=gate_id,
                               level=level, budget=budget_after(params, budget, level, decision.promoted))
     return record.as_decision()
@@ -238,19 +240,65 @@ def _leak(params: Params, paths: Paths, client: MlflowClient, gate_set: gate.Gat
 
 
 def budget_level(params: Params, client: MlflowClient, name: str) -> tuple[float | None, dict | None]:
-    """The error-budget level this decision spends and the budget state before it, read from the last record that
-    holds one (``(None, None)``: no budget, ``champion.budget`` unset).
+    """The error-budget level of the next decision and the budget before it (``(None, None)``: no
+    ``champion.budget``), from the last decision record that holds a budget (:mod:`pgrank.core.error_budget`).
 
-    With :func:`budget_after`, the gate's one integration point with an error budget: the level goes to the rule
-    and to the decision's record, and the state after the decision goes to the record (``{"spent", "left",
-    "state"}``), so the registry holds the budget.
+    The budget is pre-registered: its record keeps ``budget``, ``horizon`` and ``rule`` beside the state, and a
+    configuration that names other ones while its horizon still runs is an error. Once ``horizon`` decisions have
+    been taken, the next one starts a new budget (``period`` + 1): 0.05 over 52 weekly decisions is 0.05 a year.
+    Decisions that ran no test (nothing retrained, a leak refused) spend nothing.
+
+    Raises:
+        PgrankError: the registry's budget differs from the configuration's mid-horizon, or its state is damaged.
     """
-    # Integration point (pgrank.core.error_budget): state = BudgetState.from_json(last record's budget["state"]),
-    # level(cfg.budget_rule, cfg.budget, cfg.horizon, state). No budget is configured here yet.
-    return None, None
+    cfg = params.champion
+    if cfg.budget is None:
+        return None, None
+    said = {"budget": cfg.budget, "horizon": cfg.horizon, "rule": cfg.budget_rule}
+    last = next((r for r in reversed(decisions.records(client, name)) if r.budget), None)
+    before = {**said, "period": 1, "state": error_budget.BudgetState().to_json()}
+    if last is not None:
+        try:
+            state = error_budget.BudgetState.from_json(last.budget["state"])
+            period = int(last.budget.get("period", 1))
+        except (KeyError, TypeError, ValueError) as e:
+            raise PgrankError(f"registered model {name}: decision record {last.key}'s error budget is damaged "
+                              f"({e}); it holds {last.budget!r}") from None
+        recorded = {k: last.budget.get(k) for k in said}
+        if state.decisions >= int(recorded["horizon"] or 0):
+            before = {**said, "period": period + 1, "state": error_budget.BudgetState().to_json()}
+        elif recorded != said:
+            raise PgrankError(
+                f"registered model {name}: the error budget was pre-registered as {_budget_words(recorded)} and "
+                f"{state.decisions} of its decisions are taken; champion.* now says {_budget_words(said)}. A budget "
+                "cannot change before its horizon ends: restore those champion keys (or gate under a new "
+                "tracking.registered_model)")
+        else:
+            before = {**said, "period": period, "state": state.to_json()}
+    state = error_budget.BudgetState.from_json(before["state"])
+    return error_budget.level(cfg.budget_rule, cfg.budget, cfg.horizon, state), before
+
+
+def _budget_words(b: dict) -> str:
+    return f"{b['budget']} over {b['horizon']} decisions ({b['rule']})"
+
+
+def budget_words(before: dict | None, level: float | None) -> str:
+    """Where a decision's level came from, in words (``""``: no budget), for its message and table."""
+    if before is None or level is None:
+        return ""
+    n = before["state"]["decisions"] + 1
+    return (f"decision {n} of the error budget {_budget_words(before)}, period {before['period']}, "
+            f"{before['state']['spent']:.3g} spent before it")
 
 
 def budget_after(params: Params, before: dict | None, level: float | None, promoted: bool) -> dict | None:
-    """The budget after a decision, for its record (``None``: no budget); see :func:`budget_level`."""
-    # Integration point (pgrank.core.error_budget): spend(state, level, promoted) -> {"spent", "left", "state"}.
-    return None
+    """The budget after a decision taken at ``level``, for its record (``None``: no budget): the pre-registered
+    ``budget``/``horizon``/``rule``, the ``period``, the ``state`` and its ``spent`` and ``left``
+    (:func:`pgrank.core.error_budget.left`)."""
+    if before is None or level is None:
+        return None
+    cfg = params.champion
+    state = error_budget.spend(error_budget.BudgetState.from_json(before["state"]), level, promoted)
+    left = error_budget.left(cfg.budget_rule, cfg.budget, cfg.horizon, state)
+    return {**before, "state": state.to_json(), "spent": state.spent, "left": left}

@@ -20,10 +20,17 @@ ROOT = Path(__file__).resolve().parents[2]
 PARAMS = ROOT / "params.yaml"
 
 
-def test_the_defaults_keep_one_level_per_decision_and_superiority():
+def test_params_yaml_gates_under_a_yearly_error_budget_with_the_signed_rank_test_and_superiority():
     cfg = load_params(PARAMS).champion
-    assert (cfg.alpha, cfg.budget, cfg.margin, cfg.refresh_after) == (0.05, None, None, None)
-    assert (cfg.horizon, cfg.budget_rule) == (52, "spending")
+    assert (cfg.alpha, cfg.budget, cfg.horizon, cfg.budget_rule) == (None, 0.05, 52, "fallback")
+    assert (cfg.test, cfg.margin, cfg.min_gain, cfg.refresh_after) == ("wilcoxon", None, 0.0, None)
+
+
+def test_one_level_for_every_decision_is_the_alternative_to_a_budget():
+    cfg = load_params(PARAMS, ["champion.budget=null", "champion.alpha=0.05"]).champion
+    assert (cfg.alpha, cfg.budget) == (0.05, None)
+    bare = ChampionConfig()
+    assert (bare.alpha, bare.budget, bare.budget_rule) == (0.05, None, "spending")
 
 
 def test_a_budget_with_alpha_null_a_margin_and_a_refresh_are_read():
@@ -37,7 +44,7 @@ def test_a_budget_with_alpha_null_a_margin_and_a_refresh_are_read():
 @pytest.mark.parametrize("overrides,key,expect", [
     (["champion.alpha=null", "champion.budget=0"], "champion.budget", "greater than 0"),
     (["champion.alpha=null", "champion.budget=1"], "champion.budget", "less than 1"),
-    (["champion.budget=0.05"], "champion.budget", "champion.alpha must be null"),
+    (["champion.alpha=0.05"], "champion.budget", "champion.alpha must be null"),
     (["champion.margin=-0.01"], "champion.margin", "greater than or equal to 0"),
     (["champion.min_gain=0.01", "champion.margin=0.01"], "champion.margin", "champion.min_gain must be 0"),
     (["champion.budget_rule=lord"], "champion.budget_rule", "'spending' or 'fallback'"),

@@ -50,7 +50,7 @@ def test_a_significant_gain_promotes_and_the_table_says_why():
     head = decision.row("ndcg@10")
     assert head.gain == pytest.approx(np.mean(new) - np.mean(old)) and head.p_value < 1e-10
     assert re.match(r"promoted version 4: ndcg@10 0\.\d{4} vs 0\.\d{4} \(\+0\.\d{4} > min_gain 0\), student p = "
-                    r"\S+ < 0\.05$", decision.message)
+                    r"\S+ < level 0\.05$", decision.message)
     table = decision.markdown()
     assert "| **ndcg@10** |" in table and "| mrr@10 |" in table and "champion (v3)" in table and "challenger (v4)" in table
     assert "Gate set: frozen: 60 queries (60 queries)" in table
@@ -64,7 +64,7 @@ def keeps_what_it_should(rule) -> None:
     kept = rule(per_query(list(noisy)), per_query(list(old)), ChampionConfig(), challenger="5", champion="4",
                 metrics=["ndcg@10"])
     head = kept.row("ndcg@10")
-    assert head.gain == pytest.approx(0.005) and head.p_value > 0.5
+    assert head.gain == pytest.approx(0.005) and head.p_value > 0.25  # one-sided: about 0.44
     assert not kept.promoted and "not significant" in kept.reason and kept.message.startswith("kept the champion: ")
     worse = rule(per_query(list(old - 0.01)), per_query(list(old)), ChampionConfig(), challenger="5", champion="4",
                  metrics=["ndcg@10"])
@@ -122,6 +122,54 @@ def test_several_challengers_are_compared_on_selection_and_only_the_chosen_one_i
                       metrics=[], selection={"4": 0.61, "5": 0.60, "6": 0.63})
     assert "Challengers: v4 0.6100, v5 0.6000, v6 0.6300 (validation nDCG@10, the selection split); only the best, " \
            "version 6, meets the gate: one test per decision." in decision.markdown()
+
+
+def test_a_worse_model_with_a_few_large_gains_is_not_promoted_by_a_rank_test():
+    """40 queries lose 0.02, 5 gain 0.25, 55 tie: the mean is up, but a one-sided signed-rank test does not say
+    better (a two-sided test would, p = 0.0002), and every row of the table is one-sided."""
+    old = np.full(100, 0.5)
+    new = old + np.concatenate([np.full(40, -0.02), np.full(5, 0.25), np.zeros(55)])
+    decision = decide(per_query(list(new)), per_query(list(old)), ChampionConfig(test="wilcoxon"), challenger="7",
+                      champion="6", metrics=["mrr@10"])
+    assert decision.row("ndcg@10").gain > 0 and decision.row("ndcg@10").p_value > 0.99
+    assert decision.row("mrr@10").p_value > 0.99 and not decision.promoted
+    assert "one-sided p (wilcoxon)" in decision.markdown()
+
+
+def test_non_inferiority_promotes_a_slightly_worse_model_and_keeps_one_worse_by_more_than_the_margin():
+    rng = np.random.default_rng(3)
+    old = rng.uniform(0.2, 0.6, 200)
+    cfg = ChampionConfig(margin=0.02)
+    close = decide(per_query(list(old - 0.005 + rng.normal(0, 0.01, 200))), per_query(list(old)), cfg,
+                   challenger="8", champion="7", metrics=[])
+    assert close.promoted and close.row("ndcg@10").gain < 0 and close.row("ndcg@10").p_value < 1e-6
+    assert "> -0.02, the margin)" in close.reason
+    assert "worse than the champion's by more than the margin 0.02 (non-inferiority)" in close.markdown()
+    far = decide(per_query(list(old - 0.03)), per_query(list(old)), cfg, challenger="8", champion="7", metrics=[])
+    assert not far.promoted and "worse by more than champion.margin than the champion" in far.reason
+    superiority = decide(per_query(list(old - 0.005)), per_query(list(old)), ChampionConfig(), challenger="8",
+                         champion="7", metrics=[])
+    assert not superiority.promoted
+
+
+def test_with_an_error_budget_the_decision_runs_at_the_level_given_and_names_it():
+    rng = np.random.default_rng(4)
+    old = rng.uniform(0.2, 0.6, 60)
+    new = old + 0.02 + rng.normal(0, 0.03, 60)  # one-sided student p about 1e-6
+    cfg = ChampionConfig(alpha=None, budget=0.05, horizon=52)
+    said = "decision 3 of the error budget 0.05 over 52 decisions (spending)"
+    passed = decide(per_query(list(new)), per_query(list(old)), cfg, challenger="9", champion="8", metrics=[],
+                    level=0.05 / 52, budget=said)
+    assert passed.promoted and passed.alpha == pytest.approx(0.05 / 52)
+    assert f"< level 0.000962 ({said})" in passed.reason and f"p < 0.000962, the level {said}" in passed.markdown()
+    spent = decide(per_query(list(new)), per_query(list(old)), cfg, challenger="9", champion="8", metrics=[],
+                   level=0.0, budget=said)
+    assert not spent.promoted and spent.reason.endswith("the error budget is spent")
+    with pytest.raises(ValueError, match="a level comes with champion.budget"):
+        decide(per_query(list(new)), per_query(list(old)), cfg, challenger="9", champion="8", metrics=[])
+    with pytest.raises(ValueError, match="a level comes with champion.budget"):
+        decide(per_query(list(new)), per_query(list(old)), ChampionConfig(), challenger="9", champion="8", metrics=[],
+               level=0.01)
 
 
 # --------------------------------------------------------------------------------------- the registry
@@ -352,7 +400,7 @@ def test_versions_are_gated_side_by_side_on_a_frozen_gate_set_and_continual_trai
     second_values = gate.evaluate_system(params, paths, again, v2.system)
     metrics, _, _ = gate.gate_metrics(params)
     decision = decide(second_values, first_values, params.champion, challenger=v2.version, champion=v1.version,
-                      metrics=metrics, gate=again.description)
+                      metrics=metrics, gate=again.description, level=0.05 / 52)
     assert decision.queries == len(frozen.qrels) and [r.metric for r in decision.rows] == metrics
     assert decision.row("ndcg@10").champion == pytest.approx(np.mean([v["ndcg@10"] for v in first_values.values()]))
 
@@ -406,6 +454,8 @@ def test_the_gate_of_a_workspace_meets_the_warm_start_first_then_keeps_what_noth
 
     (record,) = records(client, params.tracking.registered_model)  # the first decision, recorded in the registry
     assert (record.outcome, record.challenger, record.champion, record.run_id is not None) == ("keep", "1", None, True)
+    assert record.level == pytest.approx(0.05 / 52) and record.budget["state"]["decisions"] == 1  # params.yaml's budget
+    assert "p < 0.000962, the level decision 1 of the error budget 0.05 over 52 decisions (fallback)" in decision.markdown()
     for key in (record.key, f"{record.key}.run"):  # voided: the version is judged again
         client.delete_registered_model_tag(params.tracking.registered_model, key)
     client.delete_model_version_tag(params.tracking.registered_model, first.registered_version, DECISION_TAG)

@@ -17,7 +17,7 @@ from pgrank.errors import PgrankError
 from pgrank.paths import Paths
 from pgrank.pipeline.champion import DECISION_TAG, champion, decide, log_decision
 from pgrank.pipeline.decisions import commit, decisions_on, gate_lock, records, recover, settle
-from pgrank.pipeline.retraining import challengers
+from pgrank.pipeline.retraining import budget_after, budget_level, budget_words, challengers
 
 mlflow = pytest.importorskip("mlflow")
 
@@ -209,3 +209,57 @@ def test_a_process_that_dies_between_the_record_and_the_move_is_completed_by_the
         recover(client, name, ALIAS, log)
     assert_agree(client, name)
     assert champion(client, name, ALIAS) == v2
+
+
+def _budgeted(uri: str, **champion) -> object:
+    return parse_params({"paths": {"root": "r", "data": "d", "embeddings": "e"},
+                         "data": {"train": "x/train", "eval_sets": ["x/test"]}, "train": {"warm_starts": ["m"]},
+                         "evaluate": {"systems": {"dense": ["m"]}}, "tracking": {"uri": uri, "experiment": "pgrank"},
+                         "champion": {"alpha": None, "budget": 0.05, "horizon": 3, **champion}})
+
+
+def _gate_with_budget(client, name, params, challenger, current, better, log) -> tuple[float, object]:
+    """One decision as the gate takes it: the level from the ledger, the rule at that level, the budget recorded."""
+    level, before = budget_level(params, client, name)
+    gain = 0.3 if better else -0.05
+    decision = decide(per_query([v + gain for v in BASE * 4]), per_query(BASE * 4), params.champion,
+                      challenger=challenger, champion=current, metrics=[], level=level,
+                      budget=budget_words(before, level))
+    return level, settle(client, name, ALIAS, decision, log, level=level,
+                         budget=budget_after(params, before, level, decision.promoted))
+
+
+@pytest.mark.parametrize("rule", ["spending", "fallback"])
+def test_the_registry_keeps_the_error_budget_spent_and_left_and_every_decision_names_its_level(store, rule):
+    client, experiment, log = store
+    name, (v1, v2, v3, v4, v5) = _model(client, experiment, 5)
+    settle(client, name, ALIAS, _decision(v1, None, True), log)  # the first champion: no test, nothing spent
+    params = _budgeted(client.tracking_uri, budget_rule=rule)
+    a = 0.05 / 3
+    level, first = _gate_with_budget(client, name, params, v2, v1, True, log)
+    assert level == pytest.approx(a) and first.outcome == "promote" and first.level == pytest.approx(a)
+    assert first.budget["spent"] == pytest.approx(a) and first.budget["left"] == pytest.approx(0.05 - a + (a if rule == "fallback" else 0))
+    assert f"decision 1 of the error budget 0.05 over 3 decisions ({rule}), period 1" in first.decision["reason"]
+    level, second = _gate_with_budget(client, name, params, v3, v2, False, log)
+    # fallback: the promotion before hands its level on, so this decision runs at twice the fresh allocation
+    assert level == pytest.approx(2 * a if rule == "fallback" else a) and second.outcome == "keep"
+    level, third = _gate_with_budget(client, name, params, v4, v2, False, log)
+    assert level == pytest.approx(a) and third.budget["state"]["decisions"] == 3 and third.budget["period"] == 1
+    level, fourth = _gate_with_budget(client, name, params, v5, v2, False, log)  # the horizon is over: a new period
+    assert level == pytest.approx(a) and fourth.budget["period"] == 2 and fourth.budget["state"]["decisions"] == 1
+    assert [r.level for r in records(client, name)][0] is None  # the untested first promotion spent nothing
+
+
+def test_an_error_budget_cannot_change_before_its_horizon_ends_and_a_damaged_one_is_named(store):
+    client, experiment, log = store
+    name, (v1, v2, v3) = _model(client, experiment, 3)
+    settle(client, name, ALIAS, _decision(v1, None, True), log)
+    _gate_with_budget(client, name, _budgeted(client.tracking_uri), v2, v1, False, log)
+    with pytest.raises(PgrankError, match=r"pre-registered as 0\.05 over 3 decisions \(spending\) and 1 of its "
+                                          r"decisions are taken; champion\.\* now says 0\.1 over 3 decisions"):
+        budget_level(_budgeted(client.tracking_uri, budget=0.1), client, name)
+    last = records(client, name)[-1]
+    commit(client, name, ALIAS, decide(per_query(BASE), per_query(BASE), ChampionConfig(), challenger=v3,
+                                       champion=v1, metrics=[]), budget={"state": {"spent": -1}})
+    with pytest.raises(PgrankError, match=rf"decision record {last.key[:-1]}\d's error budget is damaged"):
+        budget_level(_budgeted(client.tracking_uri), client, name)
