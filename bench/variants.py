@@ -15,9 +15,10 @@ for the demo), and its selection rule picks the policy. **Choosing** uses those 
 ``chosen`` variant is the one with the best mean in-domain validation gain among those whose mean out-of-domain
 validation loss stays within ``--margin``. ``--forgetting`` adds label-free checks of another kind to those
 out-of-domain ones: half-document retrieval (``bench/forgetting.py``) on the corpora of the training set and of the
-out-of-domain validation sets, each policy's change against the warm start. ``--test`` also evaluates each run's policy on scifact/test and
-nfcorpus/test (reranking and first stage), for reporting: mean and standard deviation over seeds, and a paired
-t-test of per-query means over seeds against the first variant and against the warm start.
+out-of-domain validation sets, each policy's change against the warm start. ``--test`` also evaluates each run's
+policy on the profile's ``data.eval_sets`` (reranking and first stage), for reporting: mean and standard deviation
+over seeds, and a paired t-test of per-query means over seeds against the first variant and against the warm
+start.
 
 Writes ``bench/out/variants-<profile>.json`` (``--out``) with the machine, and prints its tables.
 
@@ -43,7 +44,18 @@ from forgetting import HalfDocuments  # noqa: E402
 from kl_ablation import link_shared  # noqa: E402
 from machine import machine_record  # noqa: E402
 
-TEST = [("scifact", "rerank"), ("scifact", "full"), ("nfcorpus", "rerank"), ("nfcorpus", "full")]
+STAGES = ("rerank", "full")
+
+
+def test_cells(params) -> list[tuple[str, str, str]]:
+    """``(dataset, split, stage)`` of every test figure: the profile's ``data.eval_sets`` (its test splits, and a
+    set's report half such as ``dbpedia-entity-subset/test``), each reranked and as a first stage."""
+    return [(d, split, stage) for d, splits in params.data.eval_sets_by_dataset().items() for split in splits
+            for stage in STAGES]
+
+
+def cell_key(dataset: str, split: str, stage: str) -> str:
+    return f"{dataset}/{stage}" if split == "test" else f"{dataset}/{split}/{stage}"
 
 
 def parse_variant(text: str) -> tuple[str, str, list[str]]:
@@ -70,25 +82,24 @@ def _params(args, root: Path, extra: list[str]):
 
     return load_params(ROOT / "params.yaml", [
         f"paths.root={root}", f"paths.data={args.work / 'data'}", f"paths.embeddings={args.work / 'embeddings'}",
-        f"data.mirror={args.mirror}", "tracking.enabled=false", "data.eval_sets={scifact: [test], nfcorpus: [test]}",
-        "evaluate.policy_epochs=[]", *args.overrides, *extra], profile=args.profile)
+        f"data.mirror={args.mirror}", "tracking.enabled=false", "evaluate.policy_epochs=[]", *args.overrides, *extra], profile=args.profile)
 
 
-def _test(paths, system: str) -> dict:
+def _test(params, paths, system: str) -> dict:
     out = {}
-    for dataset, stage in TEST:
-        folder = paths.results(system, dataset, "test", stage)
+    for dataset, split, stage in test_cells(params):
+        folder = paths.results(system, dataset, split, stage)
         record = json.loads((folder / "metrics.json").read_text())
         per_query = json.loads((folder / "per_query.json").read_text())
-        out[f"{dataset}/{stage}"] = {"ndcg@10": record["metrics"]["ndcg@10"],
-                                     "per_query": {q: m["ndcg@10"] for q, m in per_query.items()}}
+        out[cell_key(dataset, split, stage)] = {"ndcg@10": record["metrics"]["ndcg@10"],
+                                                "per_query": {q: m["ndcg@10"] for q, m in per_query.items()}}
     return out
 
 
-def _finished(paths, objective: str, system: str) -> list[dict] | None:
+def _finished(params, paths, objective: str, system: str) -> list[dict] | None:
     """A run's history when it trained and was tested before (``--reuse``), else None."""
     history = paths.training_log("minilm", objective) / "history.json"
-    tested = all((paths.results(system, d, "test", s) / "per_query.json").exists() for d, s in TEST)
+    tested = all((paths.results(system, d, sp, st) / "per_query.json").exists() for d, sp, st in test_cells(params))
     return json.loads(history.read_text()) if history.exists() and tested else None
 
 
@@ -129,12 +140,13 @@ def run(args) -> dict:
     if params.train.validation_sets:
         mine_splits(params, paths, validation_targets(params), progress=False, training=True)
     if args.test:
-        for dataset in ("scifact", "nfcorpus"):
+        for dataset in params.data.eval_sets_by_dataset():
             evaluate_dataset(params, paths, "minilm", dataset)
     halves = _half_documents(params, paths) if args.forgetting else []
     record = {"setup_seconds": round(time.perf_counter() - started),
               "ood": list(params.train.validation_sets) + [f"halves:{t.name}" for t in halves],
-              "warm": _test(paths, "minilm") if args.test else None, "runs": []}
+              "warm": _test(params, paths, "minilm") if args.test else None, "runs": [],
+              "test_cells": [cell_key(*c) for c in test_cells(params)]}
     print(f"shared setup: {record['setup_seconds']} s", flush=True)
     for spec in args.variant:
         name, objective, overrides = parse_variant(spec)
@@ -144,7 +156,7 @@ def run(args) -> dict:
             p = _params(args, root, [*overrides, f"train.seed={seed}"])
             run_paths = Paths.from_config(p.paths)
             system = policy_name("minilm", objective)
-            finished = _finished(run_paths, objective, system) if args.reuse else None
+            finished = _finished(p, run_paths, objective, system) if args.reuse else None
             if finished:
                 history, seconds = finished, None  # its time was measured by the invocation that trained it
             else:
@@ -162,9 +174,9 @@ def run(args) -> dict:
                 policy = _query_route(run_paths.selected_checkpoint("minilm", objective), p)
                 row["val_ood"].update({f"halves:{t.name}": t.change(policy)[0] for t in halves})
             if args.test:
-                for dataset in ("scifact", "nfcorpus") if not finished else ():
+                for dataset in p.data.eval_sets_by_dataset() if not finished else ():
                     evaluate_dataset(p, run_paths, system, dataset)
-                row["test"] = _test(run_paths, system)
+                row["test"] = _test(p, run_paths, system)
             record["runs"].append(row)
             print(f"{name} seed {seed}: epoch {row['epoch']} alpha {row['alpha']:g}, val in {row['val_in']:+.4f}, "
                   f"ood {json.dumps({k: round(v, 4) for k, v in row['val_ood'].items()})}"
@@ -215,22 +227,23 @@ def render(record: dict) -> str:
     summary, ood = record["summary"], record["ood"]
     head = ["variant", "seeds", "policy (epoch, alpha)", "val in-domain Δ", *[f"val {s} Δ" for s in ood]]
     has_test = any("test" in v for v in summary["variants"].values())
+    cells = record.get("test_cells") or [f"{d}/{s}" for d in ("scifact", "nfcorpus") for s in STAGES]
     if has_test:
-        head += [f"test {d} {s}" for d, s in TEST]
+        head += [f"test {c}" for c in cells]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * 3 + " ---: |" * (len(head) - 3)]
     if has_test and record.get("warm"):
         lines.append("| warm start | | | | " + " | ".join("" for _ in ood) + " | "
-                     + " | ".join(f"{record['warm'][f'{d}/{s}']['ndcg@10']:.4f}" for d, s in TEST) + " |")
+                     + " | ".join(f"{record['warm'][c]['ndcg@10']:.4f}" for c in cells) + " |")
     for name, v in summary["variants"].items():
         choices = ", ".join(f"({e}, {a:g})" for e, a in v["choices"])
-        cells = [name, str(v["seeds"]), choices, f"{v['val_in']:+.4f}",
-                 *[f"{v['val_ood'][s]:+.4f}" if s in v["val_ood"] else "not validated" for s in ood]]
-        for d, s in TEST if "test" in v else []:
-            c = v["test"][f"{d}/{s}"]
+        row = [name, str(v["seeds"]), choices, f"{v['val_in']:+.4f}",
+               *[f"{v['val_ood'][s]:+.4f}" if s in v["val_ood"] else "not validated" for s in ood]]
+        for key in cells if "test" in v else []:
+            c = v["test"][key]
             sd = f" ± {c['sd']:.4f}" if c.get("sd") is not None else ""
             ps = ", ".join(f"{label} {c[k]:.2g}" for label, k in (("p₁", "p_first"), ("p₀", "p_warm")) if c.get(k) is not None)
-            cells.append(f"{c['mean']:.4f}{sd} ({ps})" if ps else f"{c['mean']:.4f}{sd}")
-        lines.append("| " + " | ".join(cells) + " |")
+            row.append(f"{c['mean']:.4f}{sd} ({ps})" if ps else f"{c['mean']:.4f}{sd}")
+        lines.append("| " + " | ".join(row) + " |")
     chosen = f"**{summary['chosen']}**" if summary["chosen"] else "no variant"
     text = ["\n".join(lines), "",
             f"Validation only chooses: {chosen} (the best mean in-domain validation gain among the variants "
