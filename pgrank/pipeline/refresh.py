@@ -59,16 +59,17 @@ def _meta(current: gate.GateSet) -> dict:
 
 
 def refresh_gate_set(client: MlflowClient, params: Params, paths: Paths, current: gate.GateSet,
-                     parent_run_id: str | None) -> gate.GateSet:
+                     parent_run_id: str | None, fresh: list[str] | None = None) -> gate.GateSet:
     """Freeze a fresh gate set from the reserve and retire the current one (see the module docstring).
 
-    The fresh set has ``data.gate_size`` queries (the current set's size when that is 0), the first in hash order.
+    The fresh set has ``data.gate_size`` queries (the current set's size when that is 0), the first in hash order
+    of ``fresh`` (default: :func:`reserve`, read here).
 
     Raises:
         PgrankError: fewer new judged queries than that (the message says how many exist); nothing is changed.
     """
     size = params.data.gate_size or len(current.qrels)
-    fresh = reserve(params, paths, current)
+    fresh = reserve(params, paths, current) if fresh is None else fresh
     if len(fresh) < size:
         raise PgrankError(f"champion.refresh_after: a fresh gate set needs data.gate_size={size} newly judged queries "
                           f"of {params.data.train} below the gate bound, and {len(fresh)} exist; judge more queries, "
@@ -89,10 +90,11 @@ def refreshed(client: MlflowClient, params: Params, paths: Paths, current: gate.
     if why is None:
         return current, None
     size = params.data.gate_size or len(current.qrels)
-    available = len(reserve(params, paths, current))
+    fresh = reserve(params, paths, current)
+    available = len(fresh)
     if available < size:
         note = (f"the gate set is due for a refresh ({why}), but only {available} of the {size} newly judged "
                 f"queries it needs exist; decision {len(on_set) + 1} is made on the same set")
         log.warning("%s", note)
         return current, note
-    return refresh_gate_set(client, params, paths, current, parent_run_id), None
+    return refresh_gate_set(client, params, paths, current, parent_run_id, fresh), None
