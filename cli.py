@@ -284,6 +284,35 @@ def tables_cmd(ctx: typer.Context) -> None:
         typer.echo(f"-> {path}")
 
 
+@app.command("export")
+def export_cmd(
+    ctx: typer.Context,
+    to: Annotated[Path, typer.Option("--to", help="Folder to write (new, empty, or an earlier export, which is replaced).")],
+    warm_start: Annotated[Optional[str], typer.Option("--warm-start", "-w", help="The policy of this train.warm_starts entry (default: the first).")] = None,
+    objective: Annotated[Optional[str], typer.Option("--objective", "-o", help="The policy of this train.objectives entry, <entry>.s<seed> for an extra seed (default: the first).")] = None,
+    hub: Annotated[Optional[str], typer.Option("--hub", help="Then upload the folder to this Hugging Face repository (namespace/name; HF_TOKEN, HF_ENDPOINT).")] = None,
+    private: Annotated[bool, typer.Option("--private", help="With --hub: create the repository private.")] = False,
+) -> None:
+    """Export a trained policy as a plain sentence-transformers folder with a model card (and upload it with --hub)."""
+    from pgrank.export.folder import export_policy
+
+    if private and hub is None:
+        raise PgrankError("--private: only with --hub REPO_ID")
+    if hub is not None:
+        from pgrank.export.hub import check_upload
+
+        check_upload(hub)
+    params = ctx.obj.params()
+    exported = export_policy(params, ctx.obj.paths(params), to, warm_start=warm_start, objective=objective, repo_id=hub)
+    facts = exported.facts
+    typer.echo(f"{exported.system}: {facts.selection}; nDCG@10 of {len(facts.figures)} evaluated sets and stages in the "
+               f"model card -> {exported.folder}")
+    if hub is not None:
+        from pgrank.export.hub import upload
+
+        typer.echo(f"uploaded -> {upload(exported.folder, hub, private=private)}")
+
+
 @app.command("plan")
 def plan_cmd(
     ctx: typer.Context,

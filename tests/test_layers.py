@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 from dependency_closure import ROOT
 
-LAYERS = ["core", "top", "data", "download", "models", "retrieval", "mining", "training", "evaluation", "reporting", "pipeline"]
+LAYERS = ["core", "top", "data", "download", "models", "retrieval", "mining", "training", "evaluation", "export", "reporting",
+          "pipeline"]
 TOP = {"__init__", "atomic", "config", "errors", "paths", "tracking"}
 
 

@@ -408,6 +408,10 @@ CASES: list[Case] = [
     Case("model-offline-package", "models", "an offline package that is not installed",
          with_model(_offline(package="gt_no_such_model")),
          r"models\.offline\.sentence-transformers/all-MiniLM-L6-v2\.package: cannot import 'gt_no_such_model'"),
+    Case("export-no-policy", "models", "`pgrank export --to out` before `pgrank train`", plain(["export", "--to", "out"]),
+         r"runs/models/minilm/pg/epoch-6: no checkpoint for system 'pgrank-minilm'"),
+    Case("export-unknown-warm-start", "models", "`pgrank export --to out --warm-start sbert` (not trained, not configured)",
+         plain(["export", "--to", "out", "--warm-start", "sbert"]), r"--warm-start sbert: not in train\.warm_starts \['minilm'\]"),
     # the environment
     Case("env-read-only", "environment", "a read-only project folder", installed_download, r"Permission denied.*permissions",
          exit=74, read_only=True),

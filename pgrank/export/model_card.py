@@ -1,0 +1,267 @@
+"""The model card of an exported policy: ``README.md`` in the Hugging Face hub's format.
+
+YAML front matter (``library_name``, ``pipeline_tag``, ``tags``, ``base_model`` when the warm start is a hub model,
+``datasets`` for BEIR's), then what the policy is, its warm start, its training data, its objective and the
+hyperparameters of its run, nDCG@10 per evaluated dataset, split and stage beside the warm start's (from the
+``metrics.json`` files ``pgrank evaluate`` wrote for this very checkpoint), how to use it, and the paper to cite.
+
+Everything is read from the configuration, the checkpoint's ``pgrank.json`` and the result files: :func:`policy_facts`
+gathers it, :func:`render` writes it out.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from pgrank.config import Params
+from pgrank.data.artifact_meta import META
+from pgrank.data.beir import load_qrels
+from pgrank.download.catalogue import BEIR_SIZES
+from pgrank.paths import CARVED_FILES, CARVED_TRAIN, VALIDATION, Paths, parse_policy_name, split_run_key
+
+CITATION = """@inproceedings{gao2024policy,
+  title     = {Policy-Gradient Training of Language Models for Ranking},
+  author    = {Gao, Ge and Chang, Jonathan D. and Cardie, Claire and Brantley, Kiant{\\'e} and Joachims, Thorsten},
+  booktitle = {International Conference on Learning Representations (ICLR)},
+  year      = {2024}
+}"""
+_HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+TESTS = {"student": "Student's t-test", "wilcoxon": "Wilcoxon signed-rank test", "fisher": "Fisher's randomization test"}
+STAGE_NAMES = {"rerank": "second stage (rerank)", "full": "first stage (full corpus)"}
+
+
+@dataclass(frozen=True)
+class Figure:
+    """nDCG@10 of the policy on one ``dataset/split`` and stage, beside its warm start's."""
+
+    dataset: str
+    split: str
+    stage: str
+    queries: int
+    ndcg: float
+    warm_start: float | None = None
+    p_value: float | None = None  # paired test against the warm start (evaluate.significance.test)
+
+
+@dataclass(frozen=True)
+class PolicyFacts:
+    """What the model card says about one policy."""
+
+    system: str
+    warm_start: str  # as configured (alias, hub id or folder)
+    warm_start_model: str  # what it stands for (hub id or folder)
+    base_model: str | None  # its hub id, when it is a hub model
+    loss: str  # the objective's loss: pg, infonce, ...
+    run: str  # the run's name: train.objectives entry [.s<seed>]
+    tower: str
+    similarity: str
+    max_seq_length: int
+    train_set: str  # data.train
+    train_queries: int | None
+    validation_queries: int | None
+    candidates: str  # how each query's candidate set was mined
+    epoch: int
+    epochs: int
+    selection: str
+    hyperparameters: dict[str, str] = field(default_factory=dict)
+    figures: list[Figure] = field(default_factory=list)
+    datasets: list[str] = field(default_factory=list)  # hub dataset ids of the training and evaluation data
+    significance_test: str = ""
+    backend: str = ""
+
+
+def _hub_id(name: str) -> str | None:
+    """``name``'s hub id without a pinned revision, or ``None`` for a local folder."""
+    if Path(name).expanduser().is_dir():
+        return None
+    base, at, _ = name.rpartition("@")
+    name = base if at and "/" in base else name
+    return name if _HUB_ID.match(name) else None
+
+
+def _store_meta(paths: Paths, dataset: str, split: str) -> dict:
+    file = paths.candidate_store(dataset, split) / META
+    return json.loads(file.read_text(encoding="utf-8")) if file.is_file() else {}
+
+
+def _query_count(paths: Paths, dataset: str, split: str) -> int | None:
+    """The queries of a carved split that have a candidate set (what training read), else those of its qrels."""
+    meta = _store_meta(paths, dataset, split)
+    if "queries" in meta:
+        return int(meta["queries"])
+    qrels = paths.carved_qrels(dataset, CARVED_FILES[split])
+    return len(load_qrels(qrels)) if qrels.is_file() else None
+
+
+def _candidates(params: Params, paths: Paths, dataset: str) -> str:
+    """How many candidates each training query had, and what mined them (the training store's record)."""
+    meta = _store_meta(paths, dataset, CARVED_TRAIN)
+    if not meta:
+        return "not recorded"
+    low, high = meta.get("min_size"), meta.get("max_size")
+    size = f"{low}" if low == high else f"{low}-{high}"
+    source = meta.get("source")
+    model = f" ({params.mine.model})" if source == "dense" else ""
+    return f"{size} per query" + (f", mined by {source}{model} (`mine.source`)" if source else "")
+
+
+def _hyperparameters(params: Params, run: str) -> dict[str, str]:
+    """The keys of the run's ``train`` section (variant overrides applied) that say how it was trained."""
+    cfg = params.train.for_run(*split_run_key(run))
+    loss, pg, anchor, sel = cfg.objectives[0], cfg.pg, cfg.document_anchor, cfg.selection
+    out = {"train.epochs": cfg.epochs, "train.batch_size": cfg.batch_size, "train.learning_rate": cfg.learning_rate,
+           "train.weight_decay": cfg.weight_decay, "train.warmup_steps": cfg.warmup_steps, "train.grad_clip": cfg.grad_clip,
+           "train.max_query_length": cfg.max_query_length, "train.max_doc_length": cfg.max_doc_length,
+           "train.tower": cfg.tower, "train.similarity": cfg.similarity, "train.seed": cfg.seed}
+    if cfg.queries_per_epoch:
+        out["train.queries_per_epoch"] = cfg.queries_per_epoch
+    if loss == "pg":
+        out.update({"train.pg.utility": pg.utility, "train.pg.estimator": pg.estimator, "train.pg.baseline": pg.baseline,
+                    "train.pg.num_samples": pg.num_samples, "train.pg.temperature": pg.temperature,
+                    "train.pg.entropy_coef": pg.entropy_coef})
+        if pg.kl_coef > 0:
+            out.update({"train.pg.kl": pg.kl, "train.pg.kl_coef": pg.kl_coef})
+    if anchor.coef > 0:
+        out.update({"train.document_anchor.coef": anchor.coef, "train.document_anchor.documents": anchor.documents})
+    out["train.selection.rule"] = sel.rule
+    if sel.rule != "last":
+        out.update({"train.selection.interpolation": sel.interpolation, "train.selection.within_se": sel.within_se})
+        if sel.rule == "guarded":
+            out.update({"train.selection.guard": sel.guard, "train.validation_sets": cfg.validation_sets})
+    return {key: ", ".join(map(str, value)) if isinstance(value, list) else str(value) for key, value in out.items()}
+
+
+def _figures(params: Params, paths: Paths, system: str, checkpoint: str) -> list[Figure]:
+    """The results ``pgrank evaluate`` wrote for this checkpoint (``checkpoint``: as ``metrics.json`` records it)."""
+    warm = parse_policy_name(system).warm
+    figures = []
+    for dataset, splits in params.data.eval_sets_by_dataset().items():
+        for split in splits:
+            for stage in params.evaluate.stages:
+                record = _metrics(paths.results(system, dataset, split, stage))
+                if record is None or record.get("model") != checkpoint:
+                    continue  # not evaluated, or results of another checkpoint
+                baseline = _metrics(paths.results(warm, dataset, split, stage)) or {}
+                p_values = (record.get("significance") or {}).get("p_values") or {}
+                figures.append(Figure(dataset, split, stage, int(record["queries"]), record["metrics"]["ndcg@10"],
+                                      (baseline.get("metrics") or {}).get("ndcg@10"), p_values.get("ndcg@10")))
+    return figures
+
+
+def _metrics(folder: Path) -> dict | None:
+    file = folder / "metrics.json"
+    return json.loads(file.read_text(encoding="utf-8")) if file.is_file() else None
+
+
+def policy_facts(params: Params, paths: Paths, system: str, meta: dict, checkpoint: str) -> PolicyFacts:
+    """Everything the card says about ``system``, whose checkpoint's ``pgrank.json`` is ``meta`` (``checkpoint``: its
+    folder as ``metrics.json`` records it, relative to ``paths.root``)."""
+    policy = parse_policy_name(system)
+    run = policy.objective
+    cfg = params.train.for_run(*split_run_key(run))
+    warm_model = params.models.aliases.get(policy.warm, policy.warm)
+    dataset = params.data.train.split("/")[0]
+    sets = {name.split("/")[0] for name in [params.data.train, *params.data.eval_sets]}
+    alpha = meta.get("alpha")
+    chosen = f"epoch {meta.get('epoch', cfg.epochs)} of {cfg.epochs}"
+    if alpha is not None:
+        chosen += f", its weights {alpha:g} x that epoch's + {1 - alpha:g} x the warm start's"
+    selection = (f"{chosen}, chosen by train.selection.rule {meta['selected_by']}" if meta.get("selected_by")
+                 else f"{chosen}, the last")
+    return PolicyFacts(
+        system=system, warm_start=policy.warm, warm_start_model=warm_model, base_model=_hub_id(warm_model),
+        loss=cfg.objectives[0], run=run, tower=meta.get("tower", cfg.tower), similarity=meta.get("similarity", cfg.similarity),
+        max_seq_length=params.evaluate.max_seq_length, train_set=params.data.train,
+        train_queries=_query_count(paths, dataset, CARVED_TRAIN), validation_queries=_query_count(paths, dataset, VALIDATION),
+        candidates=_candidates(params, paths, dataset), epoch=int(meta.get("epoch", cfg.epochs)),
+        epochs=cfg.epochs, selection=selection, hyperparameters=_hyperparameters(params, run),
+        figures=_figures(params, paths, system, checkpoint),
+        datasets=sorted(f"BeIR/{name}" for name in sets if name in BEIR_SIZES and name not in params.data.sources),
+        significance_test=params.evaluate.significance.test, backend=params.models.backend)
+
+
+def front_matter(facts: PolicyFacts) -> dict:
+    """The card's YAML metadata (the hub reads it)."""
+    tags = ["sentence-transformers", "sentence-similarity", "feature-extraction", "dense", "pgrank", "learning-to-rank"]
+    if facts.loss == "pg":
+        tags += ["neural-pg-rank", "policy-gradient"]
+    meta: dict = {"library_name": "sentence-transformers", "pipeline_tag": "sentence-similarity", "tags": tags}
+    if facts.base_model:
+        meta["base_model"] = facts.base_model
+    if facts.datasets:
+        meta["datasets"] = facts.datasets
+    return meta
+
+
+def _number(value: float | None, digits: int = 4) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def _figures_table(facts: PolicyFacts) -> list[str]:
+    if not facts.figures:
+        return ["No results of `pgrank evaluate` for this checkpoint were found when it was exported: evaluate it, "
+                "then export it again."]
+    test = TESTS.get(facts.significance_test, f"{facts.significance_test} test")
+    lines = [f"nDCG@10 from `pgrank evaluate` (`models.backend: {facts.backend}`); p: paired {test} against the warm "
+             "start.", "",
+             f"| dataset/split | stage | queries | warm start ({facts.warm_start}) | this policy | p |",
+             "| --- | --- | ---: | ---: | ---: | ---: |"]
+    for f in facts.figures:
+        gain = "" if f.warm_start is None else f" ({f.ndcg - f.warm_start:+.4f})"
+        p = "" if f.p_value is None else f"{f.p_value:.2g}"
+        lines.append(f"| {f.dataset}/{f.split} | {STAGE_NAMES.get(f.stage, f.stage)} | {f.queries} | "
+                     f"{_number(f.warm_start)} | {_number(f.ndcg)}{gain} | {p} |")
+    return lines
+
+
+def render(facts: PolicyFacts, name: str = "path/to/this/folder") -> str:
+    """The model card as Markdown with YAML front matter; ``name``: what the usage snippet loads (a hub id or folder)."""
+    what = ("A Neural PG-Rank policy: a sentence-transformers bi-encoder trained as a Plackett-Luce ranking policy over "
+            "each query's candidate documents with policy-gradient (REINFORCE) and nDCG@10 as the reward"
+            if facts.loss == "pg" else
+            f"A sentence-transformers bi-encoder trained with the `{facts.loss}` objective on the candidate sets of "
+            "Neural PG-Rank")
+    warm = f"[{facts.base_model}](https://huggingface.co/{facts.base_model})" if facts.base_model else \
+        f"`{facts.warm_start_model}`"
+    towers = ("the query tower is trained; documents go through the warm start's frozen encoder (a sentence-"
+              "transformers `Router`: `encode_query` takes the trained route, `encode_document` and `encode` the "
+              "frozen one)" if facts.tower == "query" else "one encoder for queries and documents, trained")
+    counts = ", ".join(f"{n} {label} queries" for n, label in ((facts.train_queries, "training"),
+                                                               (facts.validation_queries, "validation")) if n is not None)
+    lines = [
+        "---", yaml.safe_dump(front_matter(facts), sort_keys=False).rstrip(), "---", "",
+        f"# {facts.system}", "",
+        f"{what}, by pgrank (`pgrank train`, then `pgrank export`).", "",
+        "## Model", "",
+        f"* Warm start: {warm}" + ("" if facts.warm_start == facts.warm_start_model else
+                                    f" (`{facts.warm_start}` in the configuration)") + ".",
+        f"* Towers: {towers}.",
+        f"* Similarity: `{facts.similarity}`; inputs truncated to {facts.max_seq_length} tokens (`evaluate.max_seq_length`).",
+        f"* This policy: {facts.selection}.", "",
+        "## Training data", "",
+        f"* `{facts.train_set}` (`data.train`)" + (f": {counts}." if counts else "."),
+        f"* Candidate documents: {facts.candidates}.", "",
+        "## Objective and hyperparameters", "",
+        f"Objective `{facts.loss}` (run `{facts.run}`), with these settings of `params.yaml`:", "",
+        "| key | value |", "| --- | --- |",
+        *[f"| `{key}` | {value} |" for key, value in facts.hyperparameters.items()], "",
+        "## Evaluation", "",
+        *_figures_table(facts), "",
+        "## Use it", "",
+        "```python",
+        "from sentence_transformers import SentenceTransformer",
+        "",
+        f'model = SentenceTransformer("{name}")',
+        'queries = model.encode_query(["what causes a fever"])',
+        'documents = model.encode_document(["Fever is a rise in body temperature.", "Glaciers melt in summer."])',
+        "print(model.similarity(queries, documents))  # one row per query: rank documents by it",
+        "```", "",
+        "## Citation", "",
+        "```bibtex", CITATION, "```", "",
+    ]
+    return "\n".join(lines)
