@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import zipfile
 from pathlib import Path
 
@@ -84,8 +85,14 @@ def test_new_judgments_land_by_their_hash_and_the_frozen_gate_set_holds(prefect_
         for row in decision.rows:
             print(f"  {row.metric}: baseline {row.champion}, challenger {row.challenger:.4f}, gain {row.gain}, "
                   f"p {row.p_value}")
-        if os.environ.get("PGRANK_FIGURES"):
-            Path(os.environ["PGRANK_FIGURES"]).write_text(json.dumps(figures, indent=2))
+        if os.environ.get("PGRANK_FIGURES"):  # a bench/out-style record: the command, the machine, the decisions
+            sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+            from machine import machine_record
+
+            record = {"command": "PGRANK_FIGURES=F python -m pytest -m slow -n 0 -s tests/flows/test_retraining_scifact.py",
+                      "title": "Scheduled retraining on a growing scifact folder: the champion gate's decisions",
+                      "machine": machine_record(), "decisions": figures}
+            Path(os.environ["PGRANK_FIGURES"]).write_text(json.dumps(record, indent=2))
 
     carved = ws / "splits" / "sci" / "qrels"
 
