@@ -33,6 +33,19 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(720
 FIRST, GATE, VALIDATION, TEST = 360, 300, 50, 100
 
 
+def decisions_table(figures: dict) -> str:
+    """The record's Markdown: one row per run's decision on the gate's metric."""
+    lines = ["| run | gate queries | challenger | baseline | gain | one-sided p | level | decision |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for name, d in figures.items():
+        head = d["rows"][0] if d["rows"] else None
+        cells = [f"{head['challenger']:.4f}", f"{head['champion']:.4f}", f"{head['gain']:+.4f}",
+                 f"{head['p_value']:.2g}"] if head and head["champion"] is not None else ["", "", "", ""]
+        level = "" if d["alpha"] is None else f"{d['alpha']:.3g}"
+        lines.append(f"| {name} | {d['queries']} | " + " | ".join(cells) + f" | {level} | {d['message']} |")
+    return "\n".join(lines)
+
+
 def _rows(text: str) -> list[list[str]]:
     return [r.split("\t") for r in text.splitlines()[1:] if r.strip()]
 
@@ -91,7 +104,7 @@ def test_new_judgments_land_by_their_hash_and_the_frozen_gate_set_holds(prefect_
 
             record = {"command": "PGRANK_FIGURES=F python -m pytest -m slow -n 0 -s tests/flows/test_retraining_scifact.py",
                       "title": "Scheduled retraining on a growing scifact folder: the champion gate's decisions",
-                      "machine": machine_record(), "decisions": figures}
+                      "machine": machine_record(), "decisions": figures, "markdown": decisions_table(figures)}
             Path(os.environ["PGRANK_FIGURES"]).write_text(json.dumps(record, indent=2))
 
     carved = ws / "splits" / "sci" / "qrels"
