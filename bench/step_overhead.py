@@ -15,7 +15,11 @@ length distribution, with an encoder of DistilBERT's depth and vocabulary at a w
   on CUDA wastes nothing there);
 * ``syncs_per_step``: reads of device values by the host (``aten::_local_scalar_dense`` at any depth, data-dependent
   shapes such as ``nonzero``, and ``tolist``/``numpy``/``cpu`` of tensors), which on a GPU each wait for the
-  device; the optimizer's reads of its step counters, host tensors on every device, are not counted.
+  device; reads inside the optimizer's step are not counted (the trainer's fused AdamW makes none; PyTorch's other
+  implementations read their step counters, host tensors on every device).
+
+The update is the trainer's: :func:`pgrank.training.step.clip_gradients` and the AdamW of
+:func:`pgrank.training.step.adamw` (fused where PyTorch has the kernel, the CPU included).
 
 Run: ``python bench/step_overhead.py [--documents 8192] [--out F]`` (under 3 minutes on 2 cores).
 """
@@ -26,6 +30,7 @@ import argparse
 import collections
 import json
 import math
+import os
 import statistics
 import sys
 import tempfile
@@ -119,7 +124,7 @@ def measure(n_docs: int, queries: int, overrides: list[str], repeats: int) -> di
     from pgrank.models.loading import load_encoder
     from pgrank.models.packing import enable_packing_for, packs
     from pgrank.training.batches import Example, candidate_scores, query_generators
-    from pgrank.training.step import accumulate_gradients
+    from pgrank.training.step import accumulate_gradients, adamw, clip_gradients
     from pgrank.training.step_inputs import StepTokens, prepare_step
 
     torch.set_num_threads(1)  # one core: the host thread of a GPU step
@@ -149,14 +154,13 @@ def measure(n_docs: int, queries: int, overrides: list[str], repeats: int) -> di
             examples.append(Example(f"q{q}", texts[q], np.arange(q * per, (q + 1) * per), grades, q))
         docs = queries * per
         trainable = [p for p in model.parameters() if p.requires_grad]
-        # foreach: the multi-tensor optimizer and clip that PyTorch picks for CUDA tensors (the trainer's defaults)
-        optimizer = torch.optim.AdamW(trainable, lr=cfg.learning_rate, foreach=True)
+        optimizer = adamw(trainable, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)  # the trainer's optimizer
         device = torch.device("cpu")
 
         def step():
             inputs = prepare_step(examples, params, tokens, epoch=1, model=model, device=device)
             accumulate_gradients(model, inputs, params, epoch=1, frozen=None)
-            float(torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip or math.inf, foreach=True))
+            float(clip_gradients(trainable, cfg.grad_clip or math.inf))  # the trainer's clip and its one read
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             return inputs
@@ -172,6 +176,7 @@ def measure(n_docs: int, queries: int, overrides: list[str], repeats: int) -> di
             started = time.perf_counter()
             step()
             profiled = time.perf_counter() - started
+        load = os.getloadavg()[0]  # other processes on these cores stretch the in-op and host times alike
         started = time.perf_counter()
         prepare_step(examples, params, tokens, epoch=1, model=model, device=device)
         prepare = time.perf_counter() - started
@@ -202,7 +207,7 @@ def measure(n_docs: int, queries: int, overrides: list[str], repeats: int) -> di
         "chunks": len(inputs.documents), "packed": packs(model), "estimator": pg.estimator,
         "num_samples": pg.num_samples, "max_doc_length": cfg.max_doc_length,
         "mean_tokens": round(real / docs, 1), "tokenize_s": round(tokenize_s, 2),
-        "wall_s": round(wall, 3), "profiled_s": round(profiled, 3), "prepare_s": round(prepare, 4), "in_ops_s": round(in_ops, 3),
+        "load_average": round(load, 2), "wall_s": round(wall, 3), "profiled_s": round(profiled, 3), "prepare_s": round(prepare, 4), "in_ops_s": round(in_ops, 3),
         "host_us_per_doc": round(max(profiled - in_ops, 0.0) / docs * 1e6, 2),
         "wall_us_per_doc": round(wall / docs * 1e6, 1),
         "ops_per_step": len(ops), "estimator_ops": estimator_ops, "ops_per_doc": round(len(ops) / docs, 3),
@@ -226,7 +231,8 @@ def render(record: dict) -> str:
     lines = [f"{s['documents']:,} documents ({s['queries']} queries x {s['candidates']} candidates, {s['mean_tokens']} "
              f"tokens on average), chunks of {s['chunk_tokens']:,} tokens ({s['chunks']} chunks, "
              f"{'packed' if s['packed'] else 'padded'}), estimator {s['estimator']} with {s['num_samples']} rankings "
-             f"per query. Step {s['wall_s']} s on this CPU, {s['in_ops_s']} s of the profiled {s['profiled_s']} s "
+             f"per query. Step {s['wall_s']} s on this CPU (load average {s.get('load_average', '?')} on its "
+             f"{record['machine'].get('cores', '?')} cores), {s['in_ops_s']} s of the profiled {s['profiled_s']} s "
              f"inside its {s['ops_per_step']:,} dispatched operations ({s['estimator_ops']} of them the estimator's); "
              f"laying out its inputs took {s['prepare_s']} s.",
              "",

@@ -62,8 +62,9 @@ class PadIndex:
 
 def packed_attention(module, query: Tensor, key: Tensor, value: Tensor, attention_mask, dropout: float = 0.0,
                      scaling: float | None = None, is_causal=None, **kwargs):
-    """Attention over a packed chunk (``query``: ``(1, heads, T, head_dim)``); any other call goes to the model's
-    own attention (``module.config._pgrank_fallback``)."""
+    """Attention over a packed chunk (``query``: ``(1, heads, T, head_dim)``; the output's ``T`` tokens in order, the
+    caller reshaping it to ``(1, T, hidden)``); any other call goes to the model's own attention
+    (``module.config._pgrank_fallback``)."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     pad: PadIndex | None = kwargs.pop("pgrank_pad", None)
@@ -76,13 +77,13 @@ def packed_attention(module, query: Tensor, key: Tensor, value: Tensor, attentio
     if query.is_cuda and dropout == 0.0 and query.dtype in (torch.float16, torch.bfloat16) and _varlen() is not None:
         out = _varlen()(query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1), pad.cu, pad.cu,
                         pad.longest, pad.longest, scale=scaling)
-        return out.unsqueeze(0), None  # (1, T, heads, head_dim)
-    qkv = torch.stack((query[0], key[0], value[0]))  # (3, heads, T, head_dim)
+        return out, None  # (T, heads, head_dim)
+    qkv = torch.cat((query, key, value))  # (3, heads, T, head_dim)
     grid = qkv.new_zeros(3, heads, pad.texts * pad.longest, width).index_copy_(2, pad.flat, qkv)
-    q, k, v = grid.view(3, heads, pad.texts, pad.longest, width).transpose(1, 2).unbind(0)
+    q, k, v = grid.view(3, heads, pad.texts, pad.longest, width).transpose(1, 2).unbind(0)  # (texts, heads, ...)
     out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=pad.keep, dropout_p=dropout, scale=scaling)
-    out = out.transpose(0, 1).reshape(heads, pad.texts * pad.longest, width).index_select(1, pad.flat)
-    return out.transpose(0, 1).unsqueeze(0), None
+    out = out.transpose(1, 2).reshape(pad.texts * pad.longest, heads, width).index_select(0, pad.flat)
+    return out, None  # (T, heads, head_dim): the caller's reshape to (1, T, hidden) is a view
 
 
 def _varlen():
@@ -273,7 +274,8 @@ def run_features(model, features: dict, *, task: str, amp: str = "off", forward=
     device = next(model.parameters()).device
     with autocast(device, amp):
         out = (forward or model)(dict(features), task=task)  # a copy: the modules add their outputs to it
-    return out["sentence_embedding"].float()
+    emb = out["sentence_embedding"]
+    return emb if emb.dtype == torch.float32 else emb.float()
 
 
 def run_chunk(model, chunk: Chunk, *, task: str, amp: str = "off", forward=None) -> Tensor:

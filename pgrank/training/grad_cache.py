@@ -11,7 +11,8 @@ cached-gradient trick (GradCache; Gao et al. 2021, as in sentence-transformers' 
 2. the loss is computed on those embeddings (made leaves that require grad) and back-propagated to
    them only;
 3. :func:`backward_cached` re-encodes the same chunks *with* grad, replaying each chunk's RNG state so
-   dropout masks match exactly, and back-propagates each chunk's rows of the cached embedding gradient.
+   dropout masks match exactly, and back-propagates each chunk's rows of the cached embedding gradient, adding
+   each chunk's parameter gradients in one operation (:func:`add_gradients`).
 
 The parameter gradients equal plain full back-propagation (tested). :func:`encode` still takes strings, for
 the few texts outside a step (validation queries).
@@ -146,9 +147,38 @@ def backward_cached(
     device = model_device(model)
     if len(chunks) != len(states):
         raise ValueError("backward_cached needs the chunks encode_cached ran")
+    params = [p for p in model.parameters() if p.requires_grad]
     for i, (chunk, state) in enumerate(zip(chunks, states)):
         last = i == len(chunks) - 1
         ctx = no_sync() if (no_sync is not None and not last) else contextlib.nullcontext()
         with ctx, state.replay(device):
             emb = run_chunk(model, chunk, task=task, amp=amp, forward=forward)
-            emb.backward(grad.index_select(0, chunk.index))
+            rows = grad.index_select(0, chunk.index)
+            if no_sync is not None and last:
+                emb.backward(rows)  # DDP all-reduces the accumulated gradients from its hooks on this backward
+            else:
+                add_gradients(emb, rows, params)
+
+
+def add_gradients(output: Tensor, grad: Tensor | None, params: list[Tensor], inputs: Sequence[Tensor] = ()) -> tuple:
+    """``output.backward(grad)`` for ``params``, whose gradients are added to their ``.grad`` in one operation rather
+    than one accumulation each (the same values); returns the gradients of ``inputs`` (leaves outside ``params``,
+    which ``.grad`` does not receive). A first gradient is kept as it is when it has its parameter's layout and is
+    no other's, as ``backward`` keeps it; otherwise copied. DDP's hooks do not see these gradients: a backward that
+    must all-reduce runs ``backward`` itself."""
+    grads = torch.autograd.grad(output, [*inputs, *params], grad, allow_unused=True)
+    held, new, owned = [], [], set()
+    for p, g in zip(params, grads[len(inputs):]):
+        if g is None:
+            continue
+        if p.grad is None:
+            if g.stride() != p.stride() or g.data_ptr() in owned:
+                g = torch.empty_like(p).copy_(g)
+            owned.add(g.data_ptr())
+            p.grad = g
+        else:
+            held.append(p.grad)
+            new.append(g)
+    if held:
+        torch._foreach_add_(held, new)
+    return grads[: len(inputs)]

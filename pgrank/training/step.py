@@ -7,6 +7,9 @@ candidates with cached-gradient chunking (:mod:`pgrank.training.grad_cache`) fro
 (:mod:`pgrank.training.step_inputs`); ``tower: query`` reads them
 from the frozen corpus embeddings. With ``train.document_anchor.coef > 0`` the loss also holds the query tower to
 the warm start's document tower on a few of the batch's candidates (:func:`anchor_drift`).
+
+The update that follows the backward is :func:`clip_gradients` and :func:`adamw`'s optimizer: a fixed handful of
+dispatched operations for all parameters together, however many the model has.
 """
 
 from __future__ import annotations
@@ -23,9 +26,36 @@ from pgrank.core.objectives import OBJECTIVES
 from pgrank.errors import PgrankError
 from pgrank.training.batches import FrozenDocuments, candidate_scores, query_generators
 from pgrank.models.packing import run_features
-from pgrank.training.grad_cache import backward_cached, encode_cached
+from pgrank.training.grad_cache import add_gradients, backward_cached, encode_cached
 from pgrank.training.reference import ReferencePolicy
 from pgrank.training.step_inputs import StepInputs
+
+
+def adamw(params: list[torch.Tensor], *, lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """``torch.optim.AdamW`` over ``params``, fused (one ``_fused_adamw_`` for all of them, no read of a step counter
+    per parameter) where PyTorch has the fused kernel for their device and they are floating point; PyTorch's
+    default implementation otherwise. The update is the same either way, to float rounding, and the state dict
+    has the same entries (a resumed run takes the saved state's ``fused`` setting)."""
+    from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+
+    fused = bool(params) and all(p.device.type in _get_fused_kernels_supported_devices() and p.is_floating_point()
+                                 for p in params)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=fused or None)
+
+
+def clip_gradients(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """``torch.nn.utils.clip_grad_norm_(params, max_norm)``: scale the gradients to a total 2-norm of at most
+    ``max_norm`` (``inf``: leave them) and return their total norm, without reading it on the host. Gradients on one
+    device in one dtype take four operations in all (their norms, the total, the factor, the scaling); others go
+    through PyTorch's own function."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    if len({(g.device, g.dtype) for g in grads}) > 1 or any(g.is_sparse for g in grads):
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+    total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0)), 2.0)
+    torch._foreach_mul_(grads, torch.clamp(max_norm / (total + 1e-6), max=1.0))
+    return total
 
 
 class TrainingError(PgrankError):
@@ -84,9 +114,13 @@ def accumulate_gradients(model, inputs: StepInputs, params: Params, *, epoch: in
         if cfg.document_anchor.coef:
             drift = anchor_drift(model, inputs, frozen=frozen, reference=reference, **enc)
             loss = loss + cfg.document_anchor.coef * drift
-        loss.backward()
+        if no_sync is not None and cfg.tower != "both":
+            loss.backward()  # DDP all-reduces from its hooks on this backward
+        else:
+            params = [p for p in model.parameters() if p.requires_grad]
+            doc_grads = add_gradients(loss, None, params, [docs] if cfg.tower == "both" else [])
     if cfg.tower == "both":
-        backward_cached(model, inputs.documents, docs.grad, states, task="document", no_sync=no_sync, **enc)
+        backward_cached(model, inputs.documents, doc_grads[0], states, task="document", no_sync=no_sync, **enc)
     zero = loss.new_zeros(())
     figures = torch.stack([loss.detach(), out.utility.detach().float(), out.entropy.detach().float(),
                            out.kl.detach().float(), zero if drift is None else drift.detach()]).tolist()
