@@ -94,28 +94,54 @@ class HalvesConfig(Section):
     seed: int = Field(default=0, description="seed of the documents drawn")
 
 
+class HashSplitConfig(Section):
+    """One judged split of another dataset cut in two by a seeded hash of the query ids
+    (:mod:`pgrank.download.hash_split`): ``dev``, for selection, and ``test``, for results, disjoint."""
+
+    of: str = Field(pattern=_DATASET_NAME, description="the dataset (a BEIR name or another source) whose split is cut")
+    split: str = Field(default="test", pattern=r"^[\w.-]+$", description="its judged split that is cut (e.g. its only one)")
+    dev_share: float = Field(default=0.5, gt=0, lt=1, description="the share of its queries in dev (selection), the "
+                                                                   "first in hash order; the others are test (results)")
+    seed: int = Field(default=0, description="seed of the hash that places each query")
+
+
 class SourceConfig(Section):
     """A BEIR-format dataset of your own (:mod:`pgrank.download.sources`): a folder read in place, a local
     zip, or an http(s) URL of a zip; validated and fingerprinted like a BEIR download. Or half-document
-    retrieval built from another dataset's corpus (``halves``, :mod:`pgrank.download.halves`)."""
+    retrieval built from another dataset's corpus (``halves``, :mod:`pgrank.download.halves`), or one of another
+    dataset's splits cut in two by query hash (``split``, :mod:`pgrank.download.hash_split`)."""
 
     path: str | None = Field(default=None, description="folder (or .zip) relative to the params file")
     url: str | None = Field(default=None, description="http(s) URL of a zip of the folder")
+    mirror: str | None = Field(
+        default=None, pattern=r"^[\w.-]+\.zip$",
+        description="NAME.zip on the BEIR mirror ($PGRANK_BEIR_MIRROR, --mirror or data.mirror; not BEIR's server), "
+                    "verified against the mirror's SHA256SUMS when it lists it")
     halves: HalvesConfig | None = Field(
         default=None, description="half-document retrieval over another dataset's corpus (no judgments needed)")
-    sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$", description="pin of the zip (url or .zip path)")
+    split: HashSplitConfig | None = Field(
+        default=None, description="another dataset's split cut by query hash into dev (selection) and test (results)")
+    sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$",
+                               description="pin of the zip (url, mirror or .zip path)")
     missing_documents: Literal["error", "warn"] = Field(
         default="error", description="a judgment whose document is not in corpus.jsonl: an error, or a warning as in BEIR")
 
+    @property
+    def derived_of(self) -> str | None:
+        """The dataset a derived source (``halves``, ``split``) is built from; ``None`` for the others."""
+        derived = self.halves or self.split
+        return derived.of if derived is not None else None
+
     @model_validator(mode="after")
     def _one_location(self) -> "SourceConfig":
-        if sum(x is not None for x in (self.path, self.url, self.halves)) != 1:
-            raise ValueError("give exactly one of 'path' (a folder or .zip), 'url' (an http(s) URL of a zip) or "
-                             "'halves' (half documents of another dataset)")
+        if sum(x is not None for x in (self.path, self.url, self.mirror, self.halves, self.split)) != 1:
+            raise ValueError("give exactly one of 'path' (a folder or .zip), 'url' (an http(s) URL of a zip), 'mirror' "
+                             "(a NAME.zip on the BEIR mirror), 'halves' (half documents of another dataset) or 'split' "
+                             "(another dataset's split cut in two)")
         if self.url is not None and not self.url.startswith(("http://", "https://")):
             raise ValueError(f"url {self.url!r}: expected an http(s) URL of a zip (a local folder goes under 'path')")
-        if self.sha256 is not None and (self.halves is not None or (self.path is not None and not self.path.endswith(".zip"))):
-            raise ValueError("sha256 pins a zip (url or a .zip path); a folder is fingerprinted file by file")
+        if self.sha256 is not None and (self.derived_of is not None or (self.path is not None and not self.path.endswith(".zip"))):
+            raise ValueError("sha256 pins a zip (url, mirror or a .zip path); a folder is fingerprinted file by file")
         return self
 
 
@@ -165,12 +191,12 @@ class DataConfig(Section):
         return ids
 
     @model_validator(mode="after")
-    def _halves_of_a_dataset(self) -> "DataConfig":
+    def _derived_of_a_dataset(self) -> "DataConfig":
         for name, source in self.sources.items():
-            of = source.halves.of if source.halves is not None else None
-            if of is not None and (of == name or (of in self.sources and self.sources[of].halves is not None)):
-                raise ValueError(f"sources.{name}.halves.of: {of!r} is itself half documents; name a dataset "
-                                 f"with a corpus of its own")
+            of, kind = source.derived_of, "halves" if source.halves is not None else "split"
+            if of is not None and (of == name or (of in self.sources and self.sources[of].derived_of is not None)):
+                what = "is this source itself" if of == name else "is itself derived (halves or split)"
+                raise ValueError(f"sources.{name}.{kind}.of: {of!r} {what}; name a dataset with a corpus of its own")
         return self
 
     def eval_sets_by_dataset(self) -> dict[str, list[str]]:

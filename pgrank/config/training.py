@@ -54,9 +54,17 @@ class SelectionConfig(Section):
 
     rule: Literal["last", "in_domain", "guarded"] = Field(
         default="last", description="last: the final epoch (the paper); in_domain: the best in-domain validation "
-                                    "nDCG@10; guarded: the best in-domain one among the epochs that lose at most "
-                                    "`margin` nDCG@10 on every train.validation_sets set against the warm start")
-    margin: NonNegFloat = Field(default=0.005, description="guarded: the out-of-domain nDCG@10 loss allowed")
+                                    "nDCG@10; guarded: the best in-domain one among the points that pass `guard` on "
+                                    "every train.validation_sets set against the warm start (none: the warm start)")
+    guard: Literal["margin", "noise"] = Field(
+        default="margin", description="guarded: what an out-of-domain set may lose against the warm start. margin: "
+                                      "at most `margin` nDCG@10; noise: no more than its own noise, the mean per-query "
+                                      "difference at least -noise_se paired standard errors (every set must pass)")
+    margin: NonNegFloat = Field(default=0.005, description="guard margin: the out-of-domain nDCG@10 loss allowed")
+    noise_se: PositiveFloat = Field(
+        default=1.0, description="guard noise: the paired standard errors of per-query nDCG@10 differences an "
+                                 "out-of-domain set may lose (a one-sided z-test of no loss: 1 rejects at level "
+                                 "0.16, 1.645 at 0.05)")
     patience: PositiveInt | None = Field(
         default=None, description="stop after this many epochs without a newly selected one (null: never)")
     interpolation: list[Annotated[float, Field(gt=0, le=1)]] = Field(
@@ -72,6 +80,17 @@ class SelectionConfig(Section):
         default="best", description="within_se's error: best: of the best candidate's mean over the in-domain "
                                     "validation queries (the classic rule); paired: of the per-query differences "
                                     "between the two (smaller: a policy farther from the warm start)")
+
+    @model_validator(mode="after")
+    def _guard_keys(self) -> SelectionConfig:
+        if self.guard == "noise" and self.rule != "guarded":
+            raise ValueError("guard: noise (the out-of-domain noise test) needs rule: guarded")
+        defaults = type(self).model_fields
+        if self.guard == "noise" and self.margin != defaults["margin"].default:
+            raise ValueError("margin is the guard: margin's allowance; guard: noise uses noise_se instead")
+        if self.guard == "margin" and self.noise_se != defaults["noise_se"].default:
+            raise ValueError("noise_se is the guard: noise's allowance; set guard: noise, or margin instead")
+        return self
 
     @field_validator("interpolation")
     @classmethod
@@ -165,6 +184,15 @@ class TrainConfig(Section):
             raise ValueError("selection.within_se (the one-standard-error rule) needs selection.rule in_domain or "
                              "guarded to choose among the epochs")
         return self
+
+    @field_validator("validation_sets")
+    @classmethod
+    def _no_test_split(cls, value: list[str]) -> list[str]:
+        tests = [name for name in value if name.split("/")[1] == "test"]
+        if tests:
+            raise ValueError(f"{tests}: selection never reads a test split; name a dev split, or cut a set that has "
+                             "only a test split in two (data.sources.<name>.split) and name its dev half")
+        return value
 
     @field_validator("chunk_tokens")
     @classmethod

@@ -4,7 +4,8 @@ One mapping per validated epoch, and with ``train.selection.interpolation`` one 
 start: ``{"epoch": e, "alpha": a, "val_ndcg@10": ..., "val_<dataset>/<split>_ndcg@10": ...}`` (no ``alpha``: an
 epoch as trained). When the run holds the warm start's weights (interpolation, L2-SP, the one-standard-error rule)
 a row also has ``"distance"``, the L2 distance of its weights from the warm start's; with
-``train.selection.within_se`` it has ``"per_query_ndcg@10"``, the in-domain validation nDCG@10 of each query.
+``train.selection.within_se`` or ``guard: noise`` it has ``"per_query_ndcg@10"``, the in-domain validation nDCG@10
+of each query, and ``"per_query_<dataset>/<split>_ndcg@10"``, the same of each out-of-domain set's queries.
 Selection (:mod:`pgrank.training.selection`) and the tables read them by these keys.
 """
 
@@ -29,6 +30,11 @@ DISTANCE = "distance"
 def per_query_key(metric: str = METRIC) -> str:
     """History key of the in-domain validation metric per query (``{qid: value}``), ``per_query_ndcg@10``."""
     return f"per_query_{metric}"
+
+
+def per_query_set_key(name: str, metric: str = METRIC) -> str:
+    """History key of an out-of-domain set's metric per query, e.g. ``per_query_nfcorpus/dev_ndcg@10``."""
+    return f"per_query_{name}_{metric}"
 
 
 def scalars(row: dict) -> dict[str, float]:

@@ -7,6 +7,7 @@ A source is named in ``params.yaml`` and then used like a BEIR name::
         acme: {path: /data/acme-beir}                          # a folder: read in place, never copied
         news: {url: https://host/news-beir.zip, sha256: ...}   # an http(s) zip: fetched like a BEIR download
         legal: {path: exports/legal-beir.zip}                  # a local zip (e.g. from `dvc import-url`)
+        subset: {mirror: dbpedia-entity-subset.zip}            # a zip on the BEIR mirror, not on BEIR's server
       train: acme/train
       eval_sets: {acme: [test]}
 
@@ -15,11 +16,13 @@ Every stage reads a dataset from ``Paths.dataset(name)``. For a source that is:
 * a **folder**: a small folder of links, ``corpus.jsonl``, ``queries.jsonl`` and ``qrels/`` pointing at
   your folder, plus pgrank's record. Nothing is copied and nothing is written into your folder (it may
   be DVC-tracked or read-only). A relative ``path`` is relative to the params file.
-* a **zip** (``url`` or a ``path`` ending in ``.zip``): the extracted folder, installed atomically as a
+* a **zip** (``url``, ``mirror`` or a ``path`` ending in ``.zip``): the extracted folder, installed atomically as a
   BEIR download is (:mod:`pgrank.download.archive`: zip-slip and symlink members refused). ``sha256`` pins
   the zip. A URL is re-checked on each run with its HTTP validators (ETag, Last-Modified, length) and
   fetched again only when they changed (or when the server sends none); a local zip is re-extracted
-  when its SHA-256 changes.
+  when its SHA-256 changes. A ``mirror`` zip is one the BEIR mirror holds beside BEIR's own zips
+  (:mod:`pgrank.download.mirror`: ``$PGRANK_BEIR_MIRROR``, ``--mirror`` or ``data.mirror``), such as a subset
+  BEIR's server does not have; without a mirror it is an error that says so.
 
 Validation is a BEIR download's (:func:`pgrank.download.dataset_checks.validate_folder`: bad lines named by file
 and line, duplicate ids, judged queries without text), plus judgments whose document is not in the
@@ -49,7 +52,7 @@ from pgrank.data.checksums import DOWNLOAD_RECORD, file_sha256
 from pgrank.download.archive import beir_folders, extract
 from pgrank.download.dataset_checks import validate_folder
 from pgrank.download.manifests import fingerprint
-from pgrank.download.mirror import Source
+from pgrank.download.mirror import MIRROR_ENV, Source
 from pgrank.download.transfer import TIMEOUT_S, transfer
 from pgrank.errors import DataError
 
@@ -229,8 +232,26 @@ def url_zip(name: str, cfg: SourceConfig, target: Path, *, progress: bool = True
     return "validated"
 
 
+def mirror_zip(name: str, cfg: SourceConfig, target: Path, mirror: Source | None, sums: dict[str, str] | None, *,
+               progress: bool = True) -> str:
+    """A ``mirror: NAME.zip`` source: the zip of that name on the BEIR mirror, installed as a local zip (a mirror
+    folder) or a URL (a mirror URL) is, pinned by ``sha256`` or else by the mirror's ``SHA256SUMS`` when it lists it."""
+    where = f"data.sources.{name}.mirror {cfg.mirror!r}"
+    if mirror is None or not mirror.mirror:
+        raise DataError(f"{where}: not on BEIR's server; set ${MIRROR_ENV} (or --mirror, or data.mirror) to a folder "
+                        f"or URL that holds {cfg.mirror}")
+    located = mirror.locate(cfg.mirror)
+    pin = cfg.sha256 or (sums or {}).get(cfg.mirror)
+    if mirror.local:
+        if not Path(located).is_file():
+            raise DataError(f"{where}: no such file {located} in the mirror")
+        return local_zip(name, cfg.model_copy(update={"path": located, "mirror": None, "sha256": pin}), target, Path.cwd())
+    return url_zip(name, cfg.model_copy(update={"url": located, "mirror": None, "sha256": pin}), target, progress=progress)
+
+
 def install_source(name: str, cfg: SourceConfig, target: str | Path, cache_file: str | Path,
-                   config_dir: str | Path, *, progress: bool = True) -> str:
+                   config_dir: str | Path, *, progress: bool = True, mirror: Source | None = None,
+                   sums: dict[str, str] | None = None) -> str:
     """Make the source ``name`` readable at ``target`` (``Paths.dataset(name)``), validated.
 
     Args:
@@ -240,6 +261,7 @@ def install_source(name: str, cfg: SourceConfig, target: str | Path, cache_file:
         cache_file: ``Paths.fingerprint_cache(name)`` (file checksums by size and mtime).
         config_dir: the params file's folder, against which a relative ``path`` is resolved.
         progress: show a progress bar while a URL downloads.
+        mirror, sums: the BEIR mirror and its ``SHA256SUMS`` (:mod:`pgrank.download.mirror`), for ``mirror`` sources.
 
     Returns:
         ``"validated"`` when new or changed content was validated and installed, ``"present"`` when
@@ -250,6 +272,8 @@ def install_source(name: str, cfg: SourceConfig, target: str | Path, cache_file:
             malformed BEIR file (file and line named); ``target`` is then left as it was.
     """
     target, config_dir = Path(target), Path(config_dir)
+    if cfg.mirror is not None:
+        return mirror_zip(name, cfg, target, mirror, sums, progress=progress)
     if cfg.url is not None:
         return url_zip(name, cfg, target, progress=progress)
     if cfg.path.endswith(".zip"):

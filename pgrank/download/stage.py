@@ -2,8 +2,9 @@
 
 For each dataset it names (:func:`default_datasets`): a BEIR dataset is fetched, verified, extracted and
 validated (:mod:`pgrank.download.beir_datasets`); a dataset of your own under ``data.sources`` is read in
-place or fetched from its own zip, validated the same way (:mod:`pgrank.download.sources`), or built as half
-documents of another dataset's corpus, after that dataset (:mod:`pgrank.download.halves`). Then each
+place or fetched from its own zip, validated the same way (:mod:`pgrank.download.sources`), or built from
+another dataset, after it: half documents of its corpus (:mod:`pgrank.download.halves`) or one of its splits cut
+in two by query hash (:mod:`pgrank.download.hash_split`). Then each
 dataset's content manifest is written (:mod:`pgrank.download.manifests`: what DVC tracks of the shared
 datasets), and, when ``data.train``'s dataset is among them, the seeded carve-out (train-pg, validation, gate-pg)
 (:mod:`pgrank.download.carve_out`).
@@ -24,6 +25,7 @@ from pgrank.config import Params
 from pgrank.download.beir_datasets import Fetched, fetch_dataset, read_sha256sums
 from pgrank.download.carve_out import CarveOut, write_carve_out
 from pgrank.download.halves import install_halves
+from pgrank.download.hash_split import install_split
 from pgrank.download.manifests import write_manifest, write_validation_sets_manifest
 from pgrank.download.mirror import resolve_source
 from pgrank.download.sources import install_source
@@ -45,11 +47,12 @@ def default_datasets(params: Params) -> list[str]:
 
 
 def with_parents(names: list[str], sources: dict) -> list[str]:
-    """``names`` with the dataset that each half-document source cuts placed before it (added when missing)."""
+    """``names`` with the dataset that each derived source (half documents, a hash split) is built from placed
+    before it (added when missing)."""
     out: list[str] = []
     for name in names:
-        halves = sources[name].halves if name in sources else None
-        out += [halves.of, name] if halves is not None else [name]
+        of = sources[name].derived_of if name in sources else None
+        out += [of, name] if of is not None else [name]
     return list(dict.fromkeys(out))
 
 
@@ -61,9 +64,12 @@ def _install(name: str, params: Params, paths: Paths, source, sums, config_dir, 
     if own[name].halves is not None:
         of = own[name].halves.of
         status = install_halves(name, own[name].halves, paths.dataset(of), paths.dataset(name), paths.fingerprint_cache(of))
+    elif own[name].split is not None:
+        of = own[name].split.of
+        status = install_split(name, own[name].split, paths.dataset(of), paths.dataset(name), paths.fingerprint_cache(of))
     else:
         status = install_source(name, own[name], paths.dataset(name), paths.fingerprint_cache(name),
-                                config_dir or Path.cwd(), progress=progress)
+                                config_dir or Path.cwd(), progress=progress, mirror=source, sums=sums)
     return Fetched(name, paths.dataset(name), status)
 
 
@@ -89,10 +95,11 @@ def download(
     if params.data.train.split("/")[0] in names:  # its carve-out records the out-of-domain validation sets too
         names = list(dict.fromkeys(names + [s.split("/")[0] for s in params.train.validation_sets]))
     own = params.data.sources  # datasets of your own (pgrank.download.sources): read in place, or fetched from their URL
-    names = with_parents(names, own)  # half documents (pgrank.download.halves) come after the corpus they cut
+    names = with_parents(names, own)  # derived sources (halves, hash splits) come after the dataset they cut
     with tracking.stage_run(params, paths, "download", tags={"stage": "download"}, log_params={"datasets": names},
                             enabled=params.tracking.enabled, resources=True):
-        source = resolve_source(mirror, params.data.mirror, config_dir=config_dir) if set(names) - set(own) else None
+        mirrored = [n for n in names if n not in own or own[n].mirror is not None]  # BEIR names, mirror zips
+        source = resolve_source(mirror, params.data.mirror, config_dir=config_dir) if mirrored else None
         sums = read_sha256sums(source) if source is not None else None
         fetched = [_install(name, params, paths, source, sums, config_dir, progress) for name in names]
         for name in names:

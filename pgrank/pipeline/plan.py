@@ -102,6 +102,11 @@ def dataset_sizes(params: Params, paths: Paths, dataset: str) -> dict[str, int]:
     source = params.data.sources.get(dataset)
     if source is not None and source.halves is not None:  # half documents: at most as many as it is set to cut
         return {"documents": source.halves.documents, "dev": min(source.halves.queries, source.halves.documents)}
+    if source is not None and source.split is not None:  # a hash split: the parent's corpus, its split in two
+        parent = dataset_sizes(params, paths, source.split.of)
+        n = parent.get(source.split.split, 0)
+        dev = min(max(round(source.split.dev_share * n), 1), n - 1) if n > 1 else 0
+        return {"documents": parent["documents"], "dev": dev, "test": n - dev}
     raise PgrankError(f"{dataset}: not downloaded and not a BEIR dataset of known size; run `pgrank download {dataset}`")
 
 

@@ -6,9 +6,20 @@ validation may include out-of-domain sets (``train.validation_sets``, e.g. ``nfc
 policy can be the epoch that
 
 * ``in_domain``: has the best in-domain validation nDCG@10, or
-* ``guarded``: has the best in-domain validation nDCG@10 among the epochs that lose at most
-  ``margin`` nDCG@10 on *every* out-of-domain set against epoch 0 (the warm start, which always
-  qualifies: when no trained epoch does, the policy is the warm start, and the log says so).
+* ``guarded``: has the best in-domain validation nDCG@10 among the points that pass the out-of-domain guard
+  on *every* out-of-domain set (an intersection: one failing set rejects the point) against epoch 0, the warm
+  start, which always passes: when no other point does, the policy is the warm start, and the log and the
+  summary (``accepted``: 0) say so. The guard (``guard``) is
+
+  - ``margin``: the set's nDCG@10 is at most ``margin`` below the warm start's; or
+  - ``noise``: the set loses no more than its own noise, measured per query. With ``d_q`` the point's nDCG@10 on
+    query ``q`` minus the warm start's (paired: both rank the same queries), ``n`` the set's queries, ``mean(d)``
+    and ``se = stdev(d) / sqrt(n)`` (the paired standard error), the point passes when
+    ``mean(d) >= -noise_se * se``: a one-sided z-test of "no loss" (normal approximation) rejects it at level
+    0.16 for ``noise_se: 1`` and 0.05 for 1.645. Each set is tested at that level on its own; since every set
+    must pass, more sets reject more points under no loss (the error is toward the warm start, not away from
+    it). A set of fewer than two queries passes when ``mean(d) >= 0``. The sets are validation splits (e.g.
+    ``nfcorpus/dev``), never a test split that results report.
 
 Ties go to the earlier epoch, then to the larger alpha. With ``interpolation``, each trained epoch also has rows
 of its weight-space mixtures with the warm start (``{"epoch": e, "alpha": a, ...}``,
@@ -28,7 +39,9 @@ epoch's whenever the choice changes, so the chosen weights always exist when the
 are the run's anchor).
 
 With ``patience``, training stops once that many epochs have passed without a newly selected one (early stopping
-by the same rule). These are pure functions of the history rows the trainer records (``{"epoch": e, "val_ndcg@10": ..., "val_<set>_ndcg@10": ...}``).
+by the same rule). These are pure functions of the history rows the trainer records (``{"epoch": e, "val_ndcg@10": ...,
+"val_<set>_ndcg@10": ...}``; with ``guard: noise`` or ``within_se`` also the per-query values,
+:mod:`pgrank.core.history`).
 """
 
 from __future__ import annotations
@@ -38,14 +51,46 @@ import statistics
 from collections.abc import Sequence
 
 from pgrank.config import SelectionConfig
-from pgrank.core.history import DISTANCE, alpha, in_domain_key, per_query_key, set_key
+from pgrank.core.history import DISTANCE, alpha, in_domain_key, per_query_key, per_query_set_key, set_key
+
+
+def per_query_needed(cfg: SelectionConfig) -> bool:
+    """Whether the history rows must hold per-query values (``within_se``, ``guard: noise``)."""
+    return bool(cfg.within_se) or (cfg.rule == "guarded" and cfg.guard == "noise")
+
+
+def paired_difference(row: dict, warm: dict, key: str) -> tuple[float, float, int]:
+    """``(mean, standard error, n)`` of the per-query differences ``row - warm`` of the per-query values under
+    ``key``, over the warm start's queries (standard error 0 for fewer than two queries)."""
+    theirs, mine = warm[key], row[key]
+    diffs = [mine[q] - theirs[q] for q in theirs]
+    if not diffs:
+        return 0.0, 0.0, 0
+    se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else 0.0
+    return statistics.mean(diffs), se, len(diffs)
+
+
+def passes(row: dict, warm: dict, name: str, cfg: SelectionConfig) -> bool:
+    """Whether ``row`` passes the out-of-domain guard on the set ``name`` against the warm start's row."""
+    if cfg.guard == "margin":
+        return row[set_key(name)] >= warm[set_key(name)] - cfg.margin
+    mean, se, _ = paired_difference(row, warm, per_query_set_key(name))
+    return mean >= -cfg.noise_se * se
 
 
 def eligible(row: dict, warm: dict, sets: Sequence[str], cfg: SelectionConfig) -> bool:
-    """Whether an epoch's row may be selected under ``cfg.rule`` (``warm``: epoch 0's row)."""
-    if cfg.rule != "guarded":
+    """Whether a row may be selected under ``cfg.rule`` (``warm``: epoch 0's row, which always may): under
+    ``guarded``, it passes the guard on every out-of-domain set."""
+    if cfg.rule != "guarded" or row is warm:
         return True
-    return all(row[set_key(s)] >= warm[set_key(s)] - cfg.margin for s in sets)
+    return all(passes(row, warm, s, cfg) for s in sets)
+
+
+def accepted(history: Sequence[dict], sets: Sequence[str], cfg: SelectionConfig) -> list[dict]:
+    """The rows the rule chooses among: the warm start, and the rows of listed alphas that are eligible."""
+    warm, listed = history[0], set(cfg.interpolation)
+    return [row for row in history
+            if row is warm or (row["epoch"] != 0 and alpha(row) in listed and eligible(row, warm, sets, cfg))]
 
 
 def select_row(history: Sequence[dict], sets: Sequence[str], cfg: SelectionConfig) -> dict:
@@ -56,9 +101,7 @@ def select_row(history: Sequence[dict], sets: Sequence[str], cfg: SelectionConfi
     if cfg.rule == "last":
         return plain[-1]
     warm = history[0]
-    listed = set(cfg.interpolation)
-    candidates = [row for row in history
-                  if (row["epoch"] == 0 or alpha(row) in listed) and eligible(row, warm, sets, cfg)]
+    candidates = accepted(history, sets, cfg)
     best = max(candidates, key=lambda row: (row[in_domain_key()], -row["epoch"], alpha(row)))
     if not cfg.within_se:
         return best
@@ -98,9 +141,14 @@ def summary(history: Sequence[dict], sets: Sequence[str], cfg: SelectionConfig) 
     row = select_row(history, sets, cfg)
     warm = history[0]
     out: dict[str, float | int | str] = {"rule": cfg.rule, "epoch": row["epoch"], "alpha": alpha(row)}
+    if cfg.rule == "guarded":
+        out["guard"] = cfg.guard
+        out["accepted"] = len(accepted(history, sets, cfg)) - 1  # points beyond the warm start that pass the guard
     if DISTANCE in row:
         out[DISTANCE] = row[DISTANCE]
     for name, key in [("in_domain", in_domain_key()), *((s, set_key(s)) for s in sets)]:
         out[f"{name}_ndcg@10"] = row[key]
         out[f"{name}_gain"] = row[key] - warm[key]
+        if name != "in_domain" and cfg.rule == "guarded" and cfg.guard == "noise":
+            out[f"{name}_paired_se"] = paired_difference(row, warm, per_query_set_key(name))[1]
     return out

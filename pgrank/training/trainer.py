@@ -44,7 +44,7 @@ from tqdm.auto import tqdm
 from pgrank import tracking
 from pgrank.atomic import write_json
 from pgrank.config import Params
-from pgrank.core.history import DISTANCE, METRIC, per_query_key, scalars, set_key
+from pgrank.core.history import DISTANCE, METRIC, per_query_key, per_query_set_key, scalars, set_key
 from pgrank.core.objectives import OBJECTIVES
 from pgrank.errors import PgrankError
 from pgrank.paths import Paths, run_key
@@ -54,9 +54,9 @@ from pgrank.training.batches import epoch_order
 from pgrank.training.epoch_records import keep_epoch, record_time, write_curve
 from pgrank.training.grad_cache import encode
 from pgrank.training.run import Run, open_data
-from pgrank.training.step import TrainingError, accumulate_gradients
+from pgrank.training.step import TrainingError, accumulate_gradients, adamw, clip_gradients
 from pgrank.training.step_inputs import Prefetcher, open_tokens, prepare_step
-from pgrank.training.validation_ndcg import averages, validate, validate_queries
+from pgrank.training.validation_ndcg import averages, validate_queries
 from pgrank.training.warm_start import load_models
 
 log = logging.getLogger(__name__)
@@ -113,7 +113,7 @@ def setup(params: Params, paths: Paths, warm_start: str, objective: str, device:
         log.info("not training %d parameters the embeddings do not use: %s", len(unused), ", ".join(unused[:4]))
     tokens = open_tokens(params, paths, data, models, progress=progress and world.is_main)
     trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=cfg.learning_rate_for(objective), weight_decay=cfg.weight_decay)
+    optimizer = adamw(trainable, lr=cfg.learning_rate_for(objective), weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: min(1.0, (step + 1) / cfg.warmup_steps) if cfg.warmup_steps else 1.0)
     # The warm start's weights, for mixtures with it and the L2 pull toward it (taken before a resume loads state).
@@ -162,20 +162,23 @@ def resume(run: Run) -> None:
 
 def validated(run: Run) -> dict:
     """In-domain (``val_<metric>``) and out-of-domain (``val_<set>_<metric>``) validation metrics, the weights'
-    distance from the warm start's when the run holds them, and with ``selection.within_se`` the in-domain
-    nDCG@10 of each query (:mod:`pgrank.core.history`)."""
+    distance from the warm start's when the run holds them, and with ``selection.within_se`` or ``guard: noise``
+    the nDCG@10 of each query of every set (:mod:`pgrank.core.history`)."""
     data, model = run.data, run.models.policy
     queries = validate_queries(model, data.validation, data.validation_qrels, run.params, frozen=data.frozen,
                                documents=run.tokens.documents, world=run.world)
     row: dict = {f"val_{k}": v for k, v in averages(queries).items()}
-    if run.cfg.selection.within_se:
+    per_query = selection.per_query_needed(run.cfg.selection)
+    if per_query:
         row[per_query_key()] = {q: m[METRIC] for q, m in queries.items()}
     if run.anchor is not None:
         row[DISTANCE] = run.anchor.distance(model)
     for vs in data.out_of_domain:
-        metrics = validate(model, vs.examples, vs.qrels, run.params, frozen=vs.frozen,
-                           documents=run.tokens.validation.get(vs.name), world=run.world)
-        row.update({set_key(vs.name, k): v for k, v in metrics.items()})
+        theirs = validate_queries(model, vs.examples, vs.qrels, run.params, frozen=vs.frozen,
+                                  documents=run.tokens.validation.get(vs.name), world=run.world)
+        row.update({set_key(vs.name, k): v for k, v in averages(theirs).items()})
+        if per_query:
+            row[per_query_set_key(vs.name)] = {q: m[METRIC] for q, m in theirs.items()}
     return row
 
 
@@ -217,7 +220,7 @@ def train_epoch(run: Run, epoch: int, tracker, *, progress: bool) -> tuple[dict,
                                      objective=run.objective)
         if cfg.l2_to_warm_start:
             run.anchor.add_l2_gradient(run.models.policy, cfg.l2_to_warm_start)
-        norm = float(torch.nn.utils.clip_grad_norm_(run.trainable, cfg.grad_clip or math.inf))  # the step's one read
+        norm = float(clip_gradients(run.trainable, cfg.grad_clip or math.inf))  # the step's one read
         if not math.isfinite(norm):
             raise TrainingError(
                 f"epoch {epoch}, step {state.step + 1}: the gradient norm is {norm}; stopped before "
@@ -295,12 +298,18 @@ def finish(run: Run, tracker) -> TrainResult:
         chosen = selection.summary(state.history, cfg.validation_sets, cfg.selection)
         log.info("selected epoch %s by rule %s: %s", chosen["epoch"], cfg.selection.rule,
                  ", ".join(f"{k}={v:+.4f}" if k.endswith("gain") else f"{k}={v}" for k, v in chosen.items()))
-        tracking.log_metrics(tracker, {f"selected_{k}": v for k, v in chosen.items() if k != "rule"})
+        if chosen.get("accepted") == 0:
+            log.info("no epoch or mixture passes the out-of-domain guard (%s) on %s: the policy is the warm start",
+                     cfg.selection.guard, ", ".join(cfg.validation_sets))
+        tracking.log_metrics(tracker, {f"selected_{k}": v for k, v in chosen.items() if k not in ("rule", "guard")})
         if tracker is not None:
             import mlflow
 
             mlflow.set_tags({"pgrank.selection.rule": cfg.selection.rule, "pgrank.selection.epoch": chosen["epoch"],
-                             "pgrank.selection.alpha": chosen["alpha"]})
+                             "pgrank.selection.alpha": chosen["alpha"],
+                             **({"pgrank.selection.guard": chosen["guard"],
+                                 "pgrank.selection.warm_start_fallback": chosen["accepted"] == 0}
+                                if "guard" in chosen else {})})
     version = None
     if run.world.is_main:
         log_dir = paths.training_log(run.warm_start, run.name)

@@ -105,8 +105,9 @@ def test_demo_profile_overlays_the_paper_params():
     paper, demo = load_params(PARAMS), load_params(PARAMS, profile="demo")
     assert demo.paths.root == "runs/demo" != paper.paths.root
     assert (demo.train.tower, demo.mine.candidates, demo.train.warm_starts) == ("query", 100, ["minilm"])
-    assert demo.data.eval_sets == ["scifact/test", "nfcorpus/test"]  # nfcorpus: out of domain
-    assert (demo.train.validation_sets, demo.train.selection.rule) == (["nfcorpus/dev"], "guarded")
+    assert demo.data.eval_sets == ["scifact/test", "nfcorpus/test", "dbpedia/test"]  # out of domain: the last two
+    assert demo.train.validation_sets == ["nfcorpus/dev", "dbpedia/dev"]  # dbpedia: the subset's selection half
+    assert (demo.train.selection.rule, demo.train.selection.guard) == ("guarded", "noise")
     assert demo.train.pg.utility == paper.train.pg.utility  # untouched keys keep the paper's values
     assert demo.mine.bm25 == paper.mine.bm25
     assert load_params(PARAMS, ["train.epochs=2", "train.keep_epochs=[0]"], profile="demo").train.epochs == 2

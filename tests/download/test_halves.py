@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pgrank.config import HalvesConfig, parse_params
+from pgrank.config import HalvesConfig, SourceConfig, parse_params
 from pgrank.data.beir import load_split
 from pgrank.download.halves import sample_halves
 from pgrank.download.stage import download, with_parents
@@ -101,8 +101,7 @@ def test_a_folder_of_the_same_name_that_pgrank_did_not_build_is_refused_and_left
 
 
 def test_half_documents_come_after_the_corpus_they_cut():
-    sources = {"h": type("S", (), {"halves": HalvesConfig(of="scifact")})(),
-               "acme": type("S", (), {"halves": None})()}
+    sources = {"h": SourceConfig(halves=HalvesConfig(of="scifact")), "acme": SourceConfig(path="acme-beir")}
     assert with_parents(["nfcorpus", "h", "acme"], sources) == ["nfcorpus", "scifact", "h", "acme"]
     assert with_parents(["scifact", "h"], sources) == ["scifact", "h"]
 
@@ -111,7 +110,7 @@ def test_half_documents_come_after_the_corpus_they_cut():
     ({"halves": {"of": "acme"}, "path": "x"}, "give exactly one of 'path'"),
     ({"halves": {"of": "acme", "typo": 1}}, "typo"),
     ({"halves": {"of": "acme"}, "sha256": "0" * 64}, "sha256 pins a zip"),
-    ({"halves": {"of": "acme-halves"}}, "is itself half documents"),
+    ({"halves": {"of": "acme-halves"}}, "is this source itself"),
     ({"halves": {"of": "acme", "documents": 1}}, "greater than or equal to 2"),
 ])
 def test_bad_half_document_settings_name_the_key(tmp_path, source, message):

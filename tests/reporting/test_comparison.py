@@ -53,7 +53,8 @@ def test_rows_are_objectives_with_p_values_against_pg_rank_and_the_warm_start(tm
     table = comparison_table(params, paths)
     assert [r.label for r in table.rows] == ["minilm (warm start)", "PG-Rank with minilm", "ListNet with minilm"]
     assert [c.title for c in table.columns] == ["SciFact rerank", "SciFact first stage", "NFCorpus rerank",
-                                                "NFCorpus first stage", "Learning rate", "Train s/epoch"]
+                                                "NFCorpus first stage", "dbpedia rerank", "dbpedia first stage",
+                                                "Learning rate", "Train s/epoch"]
     warm_row, pg_row, listnet_row = table.rows
     ln, pg, warm = (written[s, "scifact/test", "rerank"] for s in ("pgrank-minilm+listnet", "pgrank-minilm", "minilm"))
     p_pg, p_warm = paired_test(ln, pg, "student"), paired_test(ln, warm, "student")

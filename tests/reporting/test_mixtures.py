@@ -20,7 +20,8 @@ def _history() -> list[dict]:
 
 
 def test_each_alpha_and_validation_set_is_a_row_over_the_ablation_epochs():
-    params = load_params(ROOT / "params.yaml", profile="demo", overrides=["train.selection.interpolation=[0.5, 1]"])
+    params = load_params(ROOT / "params.yaml", profile="demo",
+                         overrides=["train.selection.interpolation=[0.5, 1]", "train.validation_sets=[nfcorpus/dev]"])
     rows = mixture_rows(params, {"minilm": _history()}, [("minilm", 0), ("minilm", 1), ("minilm", 2)])
     assert [r.label for r in rows] == ["Validation: SciFact validation, α = 1", "Validation: NFCorpus dev, α = 1",
                                        "Validation: SciFact validation, α = 0.5", "Validation: NFCorpus dev, α = 0.5"]

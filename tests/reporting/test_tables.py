@@ -262,7 +262,7 @@ def test_domains_follow_params(tmp_path):
     inside, outside = domains(paper)
     assert inside == ["msmarco/dev"] and outside[0] == "msmarco/test" and len(outside) == 14
     demo = load_params(ROOT / "params.yaml", profile="demo")
-    assert domains(demo) == (["scifact/test"], ["nfcorpus/test"])  # no scifact/dev: the training dataset's eval sets
+    assert domains(demo) == (["scifact/test"], ["nfcorpus/test", "dbpedia/test"])  # no scifact/dev: the training dataset's eval sets
 
 
 # --------------------------------------------------------------------------------------- appendix

@@ -12,7 +12,7 @@ from pgrank.config import SelectionConfig
 from pgrank.errors import ConfigError
 from pgrank.training.selection import select_epoch, should_stop, summary
 
-OOD = "other/test"
+OOD = "other/dev"
 # in-domain nDCG@10 rises every epoch; out of domain it drops after epoch 1
 HISTORY = [{"epoch": e, "val_ndcg@10": ind, f"val_{OOD}_ndcg@10": ood}
            for e, ind, ood in [(0, 0.50, 0.40), (1, 0.55, 0.402), (2, 0.60, 0.396), (3, 0.62, 0.38), (4, 0.62, 0.37)]]
@@ -51,14 +51,14 @@ def _with_other_dataset(tmp_path, tiny_model_dir, overrides):
 
     params, paths = make_project(tmp_path, tiny_model_dir, overrides={"train.validation_sets": [OOD], **overrides})
     write_dataset(paths.dataset("other"), seed=7)
-    (paths.dataset("other") / "qrels" / "train.tsv").rename(paths.dataset("other") / "qrels" / "test.tsv")
+    (paths.dataset("other") / "qrels" / "train.tsv").rename(paths.dataset("other") / "qrels" / "dev.tsv")
     corpus = open_corpus(paths, "other")
-    queries, qrels = load_topics(paths, "other", "test")
+    queries, qrels = load_topics(paths, "other", "dev")
     ids = [json.loads(line)["_id"] for line in (paths.dataset("other") / "corpus.jsonl").read_text().splitlines()]
     rng = random.Random(2)
     run = {q: {d: 1.0 / (i + 1) for i, d in enumerate(list(judged) + rng.sample([d for d in ids if d not in judged], 8))}
            for q, judged in qrels.items()}
-    write_candidates(paths, "other", "test", run_sets(run, corpus, queries, qrels), corpus=corpus, tag="test",
+    write_candidates(paths, "other", "dev", run_sets(run, corpus, queries, qrels), corpus=corpus, tag="dev",
                      trec=False, training=True)
     return params, paths
 
@@ -80,6 +80,25 @@ def test_training_validates_out_of_domain_and_keeps_the_selected_epoch_as_the_po
     stopped = result.history[-1]["epoch"]
     assert stopped == min(params.train.epochs, chosen + 1)  # patience 1: one epoch past the selected one, at most
     assert policy_system(params, paths, f"pgrank-{name}").query_model == str(paths.selected_checkpoint(name))
+
+
+def test_the_noise_guard_records_every_sets_per_query_values_and_selects_by_them(tmp_path, tiny_model_dir):
+    from pgrank.core.history import per_query_set_key
+    from pgrank.models.checkpoint_meta import read_checkpoint_meta
+    from pgrank.training.trainer import train
+
+    name = str(tiny_model_dir)
+    params, paths = _with_other_dataset(tmp_path, tiny_model_dir, {
+        "train.epochs": 2, "train.learning_rate": 3e-3,
+        "train.selection": {"rule": "guarded", "guard": "noise", "noise_se": 1.0}})
+    result = train(params, paths, name, device="cpu", progress=False)
+    for row in result.history:
+        per_query = row[per_query_set_key(OOD)]
+        assert per_query and sum(per_query.values()) / len(per_query) == pytest.approx(row[f"val_{OOD}_ndcg@10"])
+        assert row["per_query_ndcg@10"]
+    chosen = select_epoch(result.history, [OOD], params.train.selection)
+    assert read_checkpoint_meta(result.final)["epoch"] == chosen
+    assert summary(result.history, [OOD], params.train.selection)["guard"] == "noise"
 
 
 MIXED = HISTORY + [{"epoch": e, "alpha": a, "val_ndcg@10": ind, f"val_{OOD}_ndcg@10": ood}
