@@ -57,6 +57,11 @@ def student_p_values(differences: np.ndarray, alternative: Alternative = "two-si
     return np.where(np.all(np.isclose(d, 0.0), axis=-1), 1.0, p)
 
 
+# The paired tests by name, as tables and model cards print them.
+TEST_NAMES = {"student": "paired Student's t-test", "wilcoxon": "Wilcoxon signed-rank test",
+              "fisher": "Fisher's randomization test"}
+
+
 def paired_p_value(x: np.ndarray, y: np.ndarray, test: str, alternative: Alternative = "two-sided",
                    margin: float = 0.0) -> float:
     """The p-value of a paired test between two systems' values on the same queries, in the same order.

@@ -19,6 +19,7 @@ from pathlib import Path
 import yaml
 
 from pgrank.config import Params
+from pgrank.core.significance import TEST_NAMES
 from pgrank.data.artifact_meta import META
 from pgrank.data.beir import load_qrels
 from pgrank.download.catalogue import BEIR_SIZES
@@ -31,7 +32,6 @@ CITATION = """@inproceedings{gao2024policy,
   year      = {2024}
 }"""
 _HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
-TESTS = {"student": "Student's t-test", "wilcoxon": "Wilcoxon signed-rank test", "fisher": "Fisher's randomization test"}
 STAGE_NAMES = {"rerank": "second stage (rerank)", "full": "first stage (full corpus)"}
 
 
@@ -206,8 +206,8 @@ def _figures_table(facts: PolicyFacts) -> list[str]:
     if not facts.figures:
         return ["No results of `pgrank evaluate` for this checkpoint were found when it was exported: evaluate it, "
                 "then export it again."]
-    test = TESTS.get(facts.significance_test, f"{facts.significance_test} test")
-    lines = [f"nDCG@10 from `pgrank evaluate` (`models.backend: {facts.backend}`); p: paired {test} against the warm "
+    test = TEST_NAMES.get(facts.significance_test, f"{facts.significance_test} test")
+    lines = [f"nDCG@10 from `pgrank evaluate` (`models.backend: {facts.backend}`); p: {test} against the warm "
              "start.", "",
              f"| dataset/split | stage | queries | warm start ({facts.warm_start}) | this policy | p |",
              "| --- | --- | ---: | ---: | ---: | ---: |"]

@@ -41,6 +41,7 @@ from pathlib import Path
 from pgrank import tracking
 from pgrank.atomic import atomic_path
 from pgrank.config import Params
+from pgrank.core.significance import TEST_NAMES
 from pgrank.paths import Paths, policy_name, slug
 from pgrank.reporting.comparison import comparison_table
 from pgrank.reporting.mixtures import mixture_rows
@@ -74,8 +75,6 @@ PAPER_DECIMALS = 3
 AVERAGE_OTHER = "avg-other"  # published.yaml's key of the ablation row "Avg. on other BEIR datasets"
 OURS = "Ours: Neural PG-Rank"
 COMPARISON = "Comparison systems"
-TEST_NAMES = {"student": "paired Student's t-test", "wilcoxon": "Wilcoxon signed-rank test",
-              "fisher": "Fisher's randomization test"}
 
 
 @dataclass(frozen=True)
