@@ -316,11 +316,12 @@ def export_cmd(
 @app.command("plan")
 def plan_cmd(
     ctx: typer.Context,
-    calibrate: Annotated[bool, typer.Option("--calibrate", help="Measure each model's throughput here and estimate hours.")] = False,
+    calibrate: Annotated[bool, typer.Option("--calibrate", help="Price the hours with each model's throughput measured on this machine, instead of the GPU rates bench/gpu.py recorded.")] = False,
     device: Annotated[Optional[str], typer.Option("--device", help="With --calibrate: cpu, cuda (default: CUDA when present).")] = None,
 ) -> None:
     """Print what the configured run costs before anything runs: documents encoded, passes with gradient,
-    rankings sampled, candidate pairs and disk, per stage and model (--calibrate: and hours)."""
+    rankings sampled, candidate pairs, disk and hours, per stage and model. Hours come from the throughput that
+    bench/gpu.py measured on a GPU (pgrank/pipeline/measured_rates.yaml), or with --calibrate from this machine."""
     from pgrank.pipeline.plan import calibrate as measure
     from pgrank.pipeline.plan import make_plan, render
 

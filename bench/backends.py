@@ -10,8 +10,8 @@
 Writes ``bench/out/backends.json`` (``--out``; with the machine) and prints its tables; asserts nothing. The datasets
 come from ``$PGRANK_BEIR_MIRROR`` (or BEIR's server). Usage::
 
-    PGRANK_BEIR_MIRROR=../shared/data/beir python bench/backends.py --work /tmp/backends
-    python bench/backends.py --work /tmp/backends --skip-quality --docs 1000
+    PGRANK_BEIR_MIRROR=M python bench/backends.py --work W
+    python bench/backends.py --work W --skip-quality --docs 1000
 """
 
 from __future__ import annotations

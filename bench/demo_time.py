@@ -15,7 +15,7 @@ revision's.
 Writes ``bench/out/demo_time.json`` (``--out``) with the machine, and prints the table.
 
 Example:
-    $ python bench/demo_time.py --work /tmp/demo-time --mirror ../shared/data/beir --rev 7015d3b --rev HEAD \\
+    $ python bench/demo_time.py --work W --mirror M --rev v1 --rev HEAD \\
         --repeats 2
 """
 

@@ -8,15 +8,16 @@ stage (reranking each query's candidate set: the float32 top 100 plus every judg
 the mining rule). Writes ``bench/out/embedding_precision.json`` (``--out``; with the machine) and prints its table;
 asserts nothing.
 
-Usage: ``python bench/embedding_precision.py [--mirror ../shared/data/beir] [--max-seq-length 256]``
+Usage: ``python bench/embedding_precision.py --mirror M [--max-seq-length 256]`` (``M``: a local copy of BEIR's
+download server; default ``$PGRANK_BEIR_MIRROR``)
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -42,7 +43,9 @@ def search(queries: np.ndarray, corpus: np.ndarray, ranks: np.ndarray, k: int) -
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mirror", default=str(Path(__file__).resolve().parents[2] / "shared" / "data" / "beir"))
+    parser.add_argument("--mirror", default=os.environ.get("PGRANK_BEIR_MIRROR"),
+                        required="PGRANK_BEIR_MIRROR" not in os.environ,
+                        help="a local copy of BEIR's download server (default: $PGRANK_BEIR_MIRROR)")
     parser.add_argument("--max-seq-length", type=int, default=256)
     parser.add_argument("--datasets", nargs="+", default=["scifact", "nfcorpus"])
     add_out_option(parser, __file__)

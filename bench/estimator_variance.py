@@ -22,7 +22,7 @@ which adds to every measured MSE (independent draws) and is subtracted from it. 
 corrected figures can be judged.
 
 Writes ``bench/out/estimator_variance.json`` (atomically) with a machine record, prints a markdown table.
-A benchmark, never a test. Needs the demo's candidates: ``PGRANK_BEIR_MIRROR=../shared/data/beir pgrank
+A benchmark, never a test. Needs the demo's candidates: ``PGRANK_BEIR_MIRROR=M pgrank
 --profile demo repro mine-train``. Usage::
 
     python bench/estimator_variance.py                         # 200 queries, N in 100 200 1000 5000, T 0.05 0.2 1

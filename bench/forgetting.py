@@ -16,8 +16,8 @@ encoder is not used). Encoding is float32 torch on the CPU, up to ``--max-length
 Writes ``bench/out/forgetting.json`` (``--out``) with the machine, and prints the table.
 
 Example:
-    $ python bench/forgetting.py --corpus /tmp/vd4/data/nfcorpus/corpus.jsonl /tmp/vd4/data/scifact/corpus.jsonl \\
-        --policy demo=/tmp/vd4/runs/demo-s42/models/minilm/pg/epoch-4 --alphas 1 0.75 0.5
+    $ python bench/forgetting.py --corpus W/data/nfcorpus/corpus.jsonl W/data/scifact/corpus.jsonl \\
+        --policy demo=W/runs/demo-s42/models/minilm/pg/epoch-4 --alphas 1 0.75 0.5
 """
 
 from __future__ import annotations

@@ -91,7 +91,7 @@ def write_spread(demo: Path, path: Path = SPREAD) -> None:
         "source": f"per-query nDCG@10 on scifact/test, reranking the demo's 100 candidates: the warm start ({WARM}, "
                   f"all-MiniLM-L6-v2) and its policy ({POLICY})",
         "params": composed,
-        "command": f"PGRANK_BEIR_MIRROR=../shared/data/beir pgrank demo; python bench/gate_power.py --spread runs/demo",
+        "command": "pgrank demo; python bench/gate_power.py --spread runs/demo",
         **found})
 
 

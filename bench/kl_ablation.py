@@ -15,7 +15,7 @@ and prints the table.
 
 Usage::
 
-    python bench/kl_ablation.py --work /tmp/kl [--mirror ../shared/data/beir] \
+    python bench/kl_ablation.py --work W [--mirror M] \
         [--coefs 0 0.1 1 10] [--kinds top1 ranking] [--out bench/out/kl_ablation.json]
 """
 
@@ -70,7 +70,9 @@ def _metrics(paths, system: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", type=Path, required=True)
-    parser.add_argument("--mirror", default=str(ROOT.parent / "shared" / "data" / "beir"))
+    parser.add_argument("--mirror", default=os.environ.get("PGRANK_BEIR_MIRROR"),
+                        required="PGRANK_BEIR_MIRROR" not in os.environ,
+                        help="a local copy of BEIR's download server (default: $PGRANK_BEIR_MIRROR)")
     parser.add_argument("--coefs", type=float, nargs="+", default=[0.0, 0.1, 1.0, 10.0])
     parser.add_argument("--kinds", nargs="+", default=["top1", "ranking"])
     parser.add_argument("--margin", type=float, default=0.005)

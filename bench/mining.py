@@ -6,7 +6,7 @@
 2. BM25 index time and search time (all test queries, top ``--k``) on scifact and nfcorpus.
 3. Peak RSS (VmHWM) of a fresh child process that mines scifact test (``--rss-sources``).
 
-Data: the BEIR zips of ``--mirror`` (default: the shared offline mirror), unzipped to a temporary
+Data: the BEIR zips of ``--mirror`` (default: ``$PGRANK_BEIR_MIRROR``), unzipped to a temporary
 folder. Writes ``bench/out/mining.json`` (``--out``; with the machine) and prints its tables. Sizes are arguments so
 that a CPU run takes a couple of minutes::
 
@@ -143,7 +143,9 @@ def bench_rss(args, work: Path, data: Path) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mirror", type=Path, default=Path(os.environ.get("PGRANK_BEIR_MIRROR", ROOT.parent / "shared" / "data" / "beir")))
+    parser.add_argument("--mirror", type=Path, default=os.environ.get("PGRANK_BEIR_MIRROR"),
+                        required="PGRANK_BEIR_MIRROR" not in os.environ,
+                        help="a local copy of BEIR's download server (default: $PGRANK_BEIR_MIRROR)")
     parser.add_argument("--model", default="minilm", help="model for encoding and dense mining (alias, hub id or folder)")
     parser.add_argument("--docs", type=int, default=256, help="scifact documents encoded for the throughput ratio")
     parser.add_argument("--chunk-size", type=int, default=64, help="documents per shard on the mining path")

@@ -6,9 +6,12 @@
   ``params.yaml``) and the DVC stages that read it (their ``params:`` in ``dvc.yaml``);
 * ``reference/cli.md``: every ``pgrank`` command with its arguments and options, from the Typer app (``cli.py``);
 * ``benchmarks.md``: every benchmark record under ``bench/out/`` (each written by a ``bench/*.py`` script with the
-  machine it ran on) as tables.
+  machine it ran on) as tables, under its title, with its command as a reader reruns it (scratch folders as ``W``,
+  the BEIR mirror as ``$PGRANK_BEIR_MIRROR``, the output as the record's own path);
+* the findings page's figures (``docs/plots.py``), PNGs under ``docs/img/findings/`` drawn from their records.
 
-Run ``python docs/generate.py`` to rewrite the three pages.
+Sphinx roles in docstrings (``:mod:`x```, ``:func:`x```) and reStructuredText literals reach the pages as plain code.
+Run ``python docs/generate.py`` to rewrite the three pages and the figures.
 """
 
 from __future__ import annotations
@@ -21,6 +24,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 PAGES = {"reference/configuration.md": "configuration", "reference/cli.md": "cli", "benchmarks.md": "benchmarks"}
+
+
+# --------------------------------------------------------------------------------------- text
+
+SPHINX_ROLE = re.compile(r":(?:py:)?(?:mod|func|class|meth|attr|data|obj|exc|const):`~?([^`]+)`")
+RST_LITERAL = re.compile(r"``([^`]+)``")
+
+
+def plain_code(text: str) -> str:
+    """Docstring markup as Markdown: ``:func:`x``` and ````x```` become ```x```."""
+    return RST_LITERAL.sub(r"`\1`", SPHINX_ROLE.sub(r"`\1`", text))
 
 
 # --------------------------------------------------------------------------------------- configuration
@@ -141,7 +155,7 @@ def configuration() -> str:
                 "| key | type | value | meaning | DVC stages |", "| --- | --- | --- | --- | --- |"]
         out += _rows(section, f"{name}.", comments, stage_params, doc.get(name, {}))
         out.append("")
-    return "\n".join(out)
+    return plain_code("\n".join(out))
 
 
 # --------------------------------------------------------------------------------------- CLI
@@ -177,7 +191,7 @@ def cli() -> str:
         out += [f"## `pgrank {name}`", "", help_text.replace("\b\n", ""), ""]
         if [p for p in command.params if p.name != "help"]:
             out += options(command) + [""]
-    return "\n".join(out)
+    return plain_code("\n".join(out))
 
 
 # --------------------------------------------------------------------------------------- benchmarks
@@ -203,21 +217,152 @@ def _machine(m: dict) -> str:
     return f"{m.get('cpu')} ({m.get('cores')} cores, {memory} GiB; {flags}){gpu}; Python {python}; {libs}"
 
 
+def rerunnable(command: str, record_name: str) -> str:
+    """A record's command as a reader reruns it: the scratch folder (``--work``, and any other absolute path) as
+    ``W``, the BEIR mirror as ``$PGRANK_BEIR_MIRROR``, the output as the record's own path under ``bench/out/``."""
+    command = re.sub(r"--out\s+\S+", f"--out bench/out/{record_name}", command)
+    command = re.sub(r"--mirror\s+\S+", "--mirror $PGRANK_BEIR_MIRROR", command)
+    command = re.sub(r"(?:\.\./)+shared/data/beir\b", "$PGRANK_BEIR_MIRROR", command)
+    work = re.search(r"--work\s+(\S+)", command)
+    if work:
+        command = command.replace(work.group(1), "W")
+    command = re.sub(r"(?:(?<=\s)|(?<==)|^)/[^\s/]+/[^\s/]+", "W", command)  # any other scratch folder
+    return command if "'" in command or '"' in command else _quoted(command)
+
+
+def _quoted(command: str) -> str:
+    """A command recorded unquoted, quoted again: each ``--variant`` or ``--set`` takes the words up to the next
+    option as one argument (``--variant 'wise-ft: train.selection.interpolation=[0.25, 0.5, 0.75, 1]'``)."""
+    import shlex
+
+    return re.sub(r"(--(?:variant|set)) (.+?)(?= --|$)", lambda m: f"{m[1]} {shlex.quote(m[2])}", command)
+
+
+def _script_title(record: dict) -> str:
+    """The title of a record that has none: the first sentence of its script's docstring."""
+    import ast
+
+    script = ROOT / record["command"].split()[1]
+    doc = ast.get_docstring(ast.parse(script.read_text(encoding="utf-8"))) if script.is_file() else None
+    if not doc:
+        return script.stem
+    return re.split(r"[:.]\s", plain_code(doc.split("\n\n")[0].replace("\n", " ")), maxsplit=1)[0].rstrip(".")
+
+
+def _qualifier(record: dict, path: Path) -> str:
+    """What sets a record apart from others of the same title: its variants, its timings or what it measured."""
+    variants = (record.get("summary") or {}).get("variants")
+    if variants:
+        seeds = max(v.get("seeds", 1) for v in variants.values())
+        return f"{', '.join(variants)} ({seeds} seed{'s' if seeds != 1 else ''})"
+    if record.get("revisions"):
+        first, last = record["revisions"][0]["mean_seconds"], record["revisions"][-1]["mean_seconds"]
+        return f"the last `--rev` {'slower' if last > first else 'faster'} than the first"
+    parts = ", ".join(key for key in ("encoding", "pool", "training", "estimators", "step") if record.get(key))
+    overrides = record.get("overrides") or []
+    return (parts + (f" with {', '.join(overrides)}" if overrides else "")).strip() or path.stem
+
+
+TIMINGS = "`pgrank demo` from a fresh clone, timed at each revision its command names, on one machine"
+
+
+def titles(records: dict[Path, dict]) -> dict[Path, str]:
+    """``{record path: its section heading}``: the record's title (else its script's), made unique by a qualifier,
+    else by the file name."""
+    base = {path: TIMINGS if record.get("revisions") else record.get("title") or _script_title(record)
+            for path, record in records.items()}
+    shared = {title for title in base.values() if list(base.values()).count(title) > 1}
+    out = {path: f"{title}: {_qualifier(records[path], path)}" if title in shared else title
+           for path, title in base.items()}
+    return {path: f"{title} ({path.stem})" if list(out.values()).count(title) > 1 else title
+            for path, title in out.items()}
+
+
 def benchmarks(folder: Path = ROOT / "bench" / "out") -> str:
     """The benchmarks page: every record of ``folder`` (``bench/out/``) under its title, with its command and machine."""
     out = ["# Benchmarks", "",
            "Every figure here is read from a record under `bench/out/`, which a `bench/*.py` script wrote together",
            "with the machine it ran on; this page is generated from them by `python docs/generate.py`. Rerun a",
-           "script to measure your own machine (the command is given with each record).", ""]
-    records = sorted(Path(folder).glob("*.json"))
-    if not records:
+           "script to measure your own machine: each record gives its command, with `W` for a scratch folder of",
+           "your choice and `$PGRANK_BEIR_MIRROR` for the folder of the BEIR zips.", ""]
+    paths = sorted(Path(folder).glob("*.json"))
+    if not paths:
         return "\n".join(out + ["No benchmark has been recorded yet.", ""])
-    for path in records:
-        record = json.loads(path.read_text(encoding="utf-8"))
-        out += [f"## {record.get('title', path.stem)}", "", f"`{record['command']}` (record `bench/out/{path.name}`)", "",
-                f"Machine: {_machine(record['machine'])}.", ""]
-        rendered = _render(record)
-        out += [rendered, ""]
+    records = {path: json.loads(path.read_text(encoding="utf-8")) for path in paths}
+    headings = titles(records)
+    for path, record in records.items():
+        anchor = re.sub(r"[^a-z0-9]+", "-", path.stem.lower()).strip("-")
+        out += [f"## {headings[path]} {{ #{anchor} }}", "", f"Record `bench/out/{path.name}`, written by:", "",
+                "```bash", rerunnable(record["command"], path.name), "```", "",
+                f"Machine of `bench/out/{path.name}`: {_machine(record['machine'])}.", ""]
+        out += [traced(_render(record), f"bench/out/{path.name}"), ""]
+    return "\n".join(out)
+
+
+def traced(markdown: str, record: str) -> str:
+    """A record's rendered Markdown with every figure-bearing paragraph naming the record, and every table introduced
+    by a paragraph that names it (the rule of every page: a figure names its record). Code blocks are left as
+    they are."""
+    out: list[str] = []
+    for kind, block in _segments(markdown):
+        if kind == "table":
+            if out and out[-1][0] == "text":
+                out[-1] = ("text", _naming(out[-1][1], record))
+            else:
+                out.append(("text", f"From `{record}`:"))
+        elif kind == "text" and block.startswith("$ "):  # a shell transcript: code, as it was printed
+            kind, block = "code", f"```text\n{block}\n```"
+        elif kind == "text" and re.search(r"\d", block):
+            block = _naming(block, record)
+        out.append((kind, block))
+    return "\n\n".join(block for _, block in out)
+
+
+def _segments(markdown: str) -> list[tuple[str, str]]:
+    """``(kind, block)`` of Markdown: ``code`` (a fenced block, whole), ``table`` (consecutive ``|`` lines) or
+    ``text`` (a paragraph: other consecutive lines)."""
+    segments: list[tuple[str, list[str]]] = []
+    fence = False
+    for line in markdown.strip().splitlines():
+        if fence:
+            segments[-1][1].append(line)
+            fence = not line.startswith("```")
+            continue
+        if line.startswith("```"):
+            segments.append(("code", [line]))
+            fence = True
+            continue
+        kind = "table" if line.startswith("|") else "text"
+        if not line.strip():
+            segments.append(("blank", []))
+        elif segments and segments[-1][0] == kind and not (kind == "text" and re.match(r"[-*] ", line)
+                                                          and not segments[-1][1][0].startswith("$ ")):
+            segments[-1][1].append(line)
+        else:
+            segments.append((kind, [line]))
+    return [(kind, "\n".join(lines)) for kind, lines in segments if kind != "blank"]
+
+
+def _naming(paragraph: str, record: str) -> str:
+    if record in paragraph:
+        return paragraph
+    if paragraph.endswith(":"):
+        return f"{paragraph[:-1]} (record `{record}`):"
+    return f"{paragraph} (record `{record}`)" if not paragraph.endswith(".") else f"{paragraph[:-1]} (record `{record}`)."
+
+
+def _timings(record: dict) -> str:
+    """A record that times the code at the revisions its command names (``bench/demo_time.py --rev A --rev B``):
+    the revisions by their place in the command (a revision's name is git's business, not the page's)."""
+    place = {r["rev"]: i + 1 for i, r in enumerate(record["revisions"])}
+    out = ["Each `--rev` of the command by its place: 1 for the first, 2 for the second.", "",
+           "| `--rev` | run | `pgrank demo` s | training s | the rest s |", "| ---: | ---: | ---: | ---: | ---: |"]
+    out += [f"| {place[r['rev']]} | {r['repeat']} | {r['seconds']:.0f} | {r['training']:.0f} | "
+            f"{r['seconds'] - r['training']:.0f} |" for r in record["runs"]]
+    first = record["revisions"][0]["mean_seconds"]
+    out += ["", "| `--rev` | runs | mean s | against the first |", "| ---: | ---: | ---: | ---: |"]
+    out += [f"| {place[r['rev']]} | {r['runs']} | {r['mean_seconds']:.0f} | {r['mean_seconds'] / first:.2f}x |"
+            for r in record["revisions"]]
     return "\n".join(out)
 
 
@@ -228,6 +373,8 @@ def _render(record: dict) -> str:
 
     if record.get("markdown"):
         return record["markdown"]
+    if record.get("revisions"):
+        return _timings(record)
     script = ROOT / record["command"].split()[1]  # python bench/NAME.py ...
     _bench_on_path()
     spec = importlib.util.spec_from_file_location(f"_bench_{script.stem}", script)
@@ -246,7 +393,18 @@ def generate() -> dict[str, str]:
     return {page: makers[name]().rstrip() + "\n" for page, name in PAGES.items()}
 
 
+def plots():
+    """``docs/plots.py`` as a module, loaded from its file (this file is run as a script and loaded by path)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_docs_plots", DOCS / "plots.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def write_all() -> list[Path]:
+    """Write every generated page and figure whose content changed; return those files."""
     written = []
     for page, text in generate().items():
         path = DOCS / page
@@ -254,7 +412,7 @@ def write_all() -> list[Path]:
         if not path.is_file() or path.read_text(encoding="utf-8") != text:
             path.write_text(text, encoding="utf-8")
             written.append(path)
-    return written
+    return written + plots().write_all()
 
 
 if __name__ == "__main__":

@@ -111,7 +111,7 @@ def _retriever_kind(argv: list[str], params) -> str | None:
 def _mining_source(argv: list[str], params) -> str | None:
     from pgrank.mining.candidate_sets import SOURCES
 
-    return SOURCES[params.mine.source]
+    return SOURCES[params.mine.training_source if "--training" in argv else params.mine.source]
 
 
 # The dispatches by name of pgrank: (module, registry) -> the module a stage's command and params select.

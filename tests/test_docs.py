@@ -1,9 +1,11 @@
 """The documentation: generated pages equal what the code generates, a short README that starts with its two
-commands, no development-process language in any tracked text file, and a strict MkDocs build."""
+commands, no development-process language in any tracked text file, no history (revision hashes, "is now", "before
+that change") in the pages, and a strict MkDocs build."""
 
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -39,6 +41,22 @@ def test_the_generated_pages_equal_what_the_code_generates():
         assert committed == text, f"docs/{page} is stale: run `python docs/generate.py`"
 
 
+def test_every_configuration_key_says_what_it_means():
+    rows = [line for line in _load("generate").generate()["reference/configuration.md"].splitlines()
+            if line.startswith("| `")]
+    cells = [[c.strip() for c in re.split(r"(?<!\\)\|", row)[1:-1]] for row in rows]
+    assert len(cells) > 100 and all(len(c) == 5 for c in cells)
+    undescribed = [key for key, _type, _default, meaning, _stages in cells if not meaning]
+    assert not undescribed, "keys without a description (Field(description=...) in pgrank/config/):\n" + \
+        "\n".join(undescribed)
+
+
+@pytest.mark.parametrize("page", ["reference/configuration.md", "reference/cli.md"])
+def test_generated_pages_show_no_sphinx_roles(page):
+    text = _load("generate").generate()[page]
+    assert not re.findall(r":(?:mod|func|class|meth|attr|data|obj):`", text)
+
+
 def test_the_readme_is_short_and_starts_with_its_two_commands():
     lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
     assert len(lines) <= 150, f"README.md has {len(lines)} lines"
@@ -57,6 +75,32 @@ def test_development_process_language_is_caught(text):
                                   "a Prefect session", "a session and process group of its own", "Table I"])
 def test_prose_about_the_project_is_not_caught(text):
     assert not _load("hooks").process_language(text)
+
+
+@pytest.mark.parametrize("text", ["fixed at `4baae99`", "since 7c99e8a the demo", "The demo now follows the rule",
+                                  "the default is now 4", "now uses bf16", "before that change it took longer",
+                                  "read back from an earlier invocation", "the policy is the same as before",
+                                  "it no longer needs `--calibrate`"])
+def test_history_in_a_page_is_caught(text):
+    assert _load("hooks").history_language(text)
+
+
+@pytest.mark.parametrize("text", ["`bench/out/demo_time-7677876.json`", "models/ab12cd34ef/weights",
+                                  "```bash\npython bench/demo_time.py --rev 7015d3b\n```",
+                                  "`python bench/demo_time.py --rev 7015d3b`",
+                                  "sha256: 100ef6a71bac925f709fe9c114c60460bf6e472cfdb9d44bd8adf1698135260f",
+                                  "gtr-t5-xl at 23a8d667a1ad2578af181ce762867003c498d1bf", "a decade of facade",
+                                  "Now run `pgrank demo`.", "the known issues", "1234567 documents"])
+def test_present_tense_prose_is_not_caught(text):
+    assert not _load("hooks").history_language(text)
+
+
+def test_no_page_tells_history():
+    history_language = _load("hooks").history_language
+    pages = [ROOT / "README.md", ROOT / "PAPER.md", ROOT / "flows" / "README.md", *sorted(DOCS.rglob("*.md"))]
+    hits = [f"{page.relative_to(ROOT)}:{line}: {words!r}" for page in pages if page.is_file()
+            for line, words in history_language(page.read_text(encoding="utf-8"))]
+    assert not hits, "history in the pages (say what the project does, in the present tense):\n" + "\n".join(hits)
 
 
 def test_no_tracked_text_speaks_of_how_the_project_was_developed():

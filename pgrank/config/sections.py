@@ -1,4 +1,4 @@
-"""The sections of ``params.yaml`` but ``train`` (:mod:`pgrank.config.training`): frozen, typed, unknown keys
+"""The sections of ``params.yaml`` but ``train`` (``pgrank.config.training``): frozen, typed, unknown keys
 forbidden. The shared ``paths``, ``models`` and ``tracking``; the stages' ``data``, ``mine``, ``evaluate`` and
 ``tables``; scheduled retraining's ``champion``; and first-stage ``search``.
 """
@@ -26,7 +26,7 @@ class Section(BaseModel):
 
 
 class PathsConfig(Section):
-    """Where artifacts go. All other paths are derived in :mod:`pgrank.paths`."""
+    """Where artifacts go. All other paths are derived in ``pgrank.paths``."""
 
     root: str = Field(description="Folder for everything this profile writes (runs, models, results).")
     data: str = Field(description="Folder for downloaded BEIR datasets (shared between profiles).")
@@ -36,9 +36,12 @@ class PathsConfig(Section):
 class OfflineModel(Section):
     """A local copy of a hub model: a directory, or a pip package that ships the weights."""
 
-    path: str | None = None
-    package: str | None = None
-    sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    path: str | None = Field(default=None, description="folder holding the copy (relative to the params file); "
+                             "give path or package")
+    package: str | None = Field(default=None, description="installed pip package that ships the weights; give path "
+                                "or package")
+    sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$",
+                               description="checksum of the copy's weights, checked on every load (null: not pinned)")
     revision: str | None = Field(default=None, description="the hub revision this copy holds; a different "
                                  "models.revisions pin is an error")
 
@@ -69,10 +72,14 @@ class ModelsConfig(Section):
 
 
 class TrackingConfig(Section):
+    """MLflow tracking: one parent run per pipeline execution, nested runs per stage, registered policies."""
+
     enabled: bool = True
-    experiment: str = "pgrank"
-    registered_model: str = "pgrank-retriever"
-    champion_alias: str = "champion"
+    experiment: str = Field(default="pgrank", description="MLflow experiment the runs are logged under")
+    registered_model: str = Field(default="pgrank-retriever",
+                                  description="MLflow registered-model name each trained policy is registered as")
+    champion_alias: str = Field(default="champion", description="registry alias of the policy that the champion "
+                                "gate promoted (scheduled retraining)")
     # None: sqlite file under paths.root (absolute URI); MLFLOW_TRACKING_URI overrides either.
     uri: str | None = None
 
@@ -84,7 +91,7 @@ _DATASET_NAME = r"^[\w][\w.-]*$"
 
 
 class HalvesConfig(Section):
-    """Half-document retrieval built from another dataset's corpus (:mod:`pgrank.download.halves`): a label-free
+    """Half-document retrieval built from another dataset's corpus (``pgrank.download.halves``): a label-free
     out-of-domain validation set (``<source>/dev``)."""
 
     of: str = Field(pattern=_DATASET_NAME, description="the dataset (a BEIR name or another source) whose corpus is cut")
@@ -96,7 +103,7 @@ class HalvesConfig(Section):
 
 class HashSplitConfig(Section):
     """One judged split of another dataset cut in two by a seeded hash of the query ids
-    (:mod:`pgrank.download.hash_split`): ``dev``, for selection, and ``test``, for results, disjoint."""
+    (``pgrank.download.hash_split``): ``dev``, for selection, and ``test``, for results, disjoint."""
 
     of: str = Field(pattern=_DATASET_NAME, description="the dataset (a BEIR name or another source) whose split is cut")
     split: str = Field(default="test", pattern=r"^[\w.-]+$", description="its judged split that is cut (e.g. its only one)")
@@ -106,10 +113,10 @@ class HashSplitConfig(Section):
 
 
 class SourceConfig(Section):
-    """A BEIR-format dataset of your own (:mod:`pgrank.download.sources`): a folder read in place, a local
+    """A BEIR-format dataset of your own (``pgrank.download.sources``): a folder read in place, a local
     zip, or an http(s) URL of a zip; validated and fingerprinted like a BEIR download. Or half-document
-    retrieval built from another dataset's corpus (``halves``, :mod:`pgrank.download.halves`), or one of another
-    dataset's splits cut in two by query hash (``split``, :mod:`pgrank.download.hash_split`)."""
+    retrieval built from another dataset's corpus (``halves``, ``pgrank.download.halves``), or one of another
+    dataset's splits cut in two by query hash (``split``, ``pgrank.download.hash_split``)."""
 
     path: str | None = Field(default=None, description="folder (or .zip) relative to the params file")
     url: str | None = Field(default=None, description="http(s) URL of a zip of the folder")
@@ -209,31 +216,47 @@ class DataConfig(Section):
 
 
 class Bm25Config(Section):
-    k1: PositiveFloat = 0.9
-    b: Annotated[float, Field(ge=0, le=1)] = 0.4
-    stemmer: str | None = "english"
-    stopwords: str | None = "en"
-    method: Literal["robertson", "lucene", "atire", "bm25l", "bm25+"] = "lucene"
+    """BM25 through bm25s, over one field, ``title + " " + text``."""
+
+    k1: PositiveFloat = Field(default=0.9, description="term-frequency saturation")
+    b: Annotated[float, Field(ge=0, le=1)] = Field(default=0.4, description="document-length normalisation "
+                                                   "(0: none, 1: full)")
+    stemmer: str | None = Field(default="english", description="Snowball stemmer language (null: no stemming)")
+    stopwords: str | None = Field(default="en", description="stop-word list removed before indexing (en: "
+                                  "Lucene's English list; null: none)")
+    method: Literal["robertson", "lucene", "atire", "bm25l", "bm25+"] = Field(
+        default="lucene", description="the BM25 variant bm25s scores with")
 
 
 class MineConfig(Section):
     source: Literal["dense", "bm25", "published"] = "dense"
     model: str = "gtr-t5-xl"
     candidates: PositiveInt = 1000
-    batch_size: PositiveInt = 128
-    max_seq_length: PositiveInt = 512
+    batch_size: PositiveInt = Field(default=128, description="texts per encoding batch of the stage-1 model")
+    max_seq_length: PositiveInt = Field(default=512, description="tokens a text is truncated to when the stage-1 "
+                                        "model encodes it")
     chunk_size: PositiveInt = Field(default=65536, description="documents per embedding shard")
-    bm25: Bm25Config = Bm25Config()
+    bm25: Bm25Config = Field(default=Bm25Config(), description="BM25's settings, for source: bm25 and the bm25 system")
     training_runs: bool = Field(
         default=False, description="also write the carved training splits' candidate sets as TREC runs (MS MARCO: ~25 GB)")
     published_dir: str | None = Field(
         default=None, description="folder holding the authors' candidate files (source: published); null: download from the hub"
     )
+    @property
+    def training_source(self) -> str:
+        """The source that mines the training sets (data.train's carved splits, train.validation_sets): ``source``,
+        but ``dense`` (``model``) when that is ``published``: the authors published evaluation candidates only."""
+        return "dense" if self.source == "published" else self.source
 
 
 class SignificanceConfig(Section):
-    test: Literal["student", "wilcoxon", "fisher"] = "student"
-    alpha: Annotated[float, Field(gt=0, lt=1)] = 0.05
+    """Paired significance of each policy against its warm start, over the test queries (the paper reports none)."""
+
+    test: Literal["student", "wilcoxon", "fisher"] = Field(
+        default="student", description="paired test: student (t-test), wilcoxon (signed-rank) or fisher "
+                                       "(randomization)")
+    alpha: Annotated[float, Field(gt=0, lt=1)] = Field(default=0.05, description="level below which a p-value "
+                                                       "marks a difference as significant († in the tables)")
 
 
 # The two evaluation stages of the paper: second-stage reranking and first-stage retrieval.
@@ -259,20 +282,28 @@ class SystemsConfig(Section):
 
 
 class EvaluateConfig(Section):
-    stages: list[EvalStage] = Field(default_factory=lambda: list(EVAL_STAGES))
+    stages: list[EvalStage] = Field(default_factory=lambda: list(EVAL_STAGES),
+                                    description="rerank: second stage, over the mined candidates; full: first "
+                                                "stage, over the whole corpus")
     systems: SystemsConfig = SystemsConfig()
     policy_epochs: list[NonNegInt] = Field(default_factory=list, description="extra epochs of each policy to rerank with")
-    ks: list[PositiveInt] = Field(default_factory=lambda: [1, 3, 5, 10])
+    ks: list[PositiveInt] = Field(default_factory=lambda: [1, 3, 5, 10],
+                                  description="cut-offs k of the reported metrics (nDCG@k, recall@k, ...)")
     top_k: PositiveInt = 1000
-    batch_size: PositiveInt = 128
-    max_seq_length: PositiveInt = 512
+    batch_size: PositiveInt = Field(default=128, description="texts per encoding batch")
+    max_seq_length: PositiveInt = Field(default=512, description="tokens a text is truncated to when it is encoded "
+                                        "for evaluation")
     ignore_identical_ids: bool = True
-    significance: SignificanceConfig = SignificanceConfig()
+    significance: SignificanceConfig = Field(default=SignificanceConfig(),
+                                             description="paired significance against the warm start")
 
 
 class TablesConfig(Section):
-    formats: list[Literal["md", "tex", "png"]] = Field(default_factory=lambda: ["md", "tex", "png"])
-    decimals: Annotated[int, Field(ge=1, le=6)] = 3
+    formats: list[Literal["md", "tex", "png"]] = Field(default_factory=lambda: ["md", "tex", "png"],
+                                                       description="files written per table: Markdown, LaTeX, and "
+                                                                   "bar charts (png)")
+    decimals: Annotated[int, Field(ge=1, le=6)] = Field(default=3, description="decimals of every score in the "
+                                                        "tables")
     # The paper leaves BM25 out of its second-stage tables (footnote: "commonly used only as a first-stage
     # approach"): omit the column, or show it as context that takes no part in the bold/underline marks.
     rerank_bm25: Literal["omit", "context"] = "omit"
@@ -282,7 +313,7 @@ GATE_METRIC = re.compile(r"^(ndcg|mrr|recall|map|precision)@(\d+)$")
 
 
 class ChampionConfig(Section):
-    """The promotion gate of scheduled retraining (:mod:`pgrank.pipeline.gate`, ``flows/retraining.py``).
+    """The promotion gate of scheduled retraining (``pgrank.pipeline.gate``, ``flows/retraining.py``).
 
     Champion and challenger are evaluated side by side on one gate set. Superiority (``margin`` unset): the
     challenger is promoted only if its mean ``metric`` beats the champion's by more than ``min_gain`` and a
@@ -290,7 +321,7 @@ class ChampionConfig(Section):
     (``margin`` set): it is promoted unless it is worse by more than ``margin`` (one-sided test of H0: gain <=
     -margin). The level is ``alpha`` for every decision, or, with ``budget`` set (and ``alpha: null``), the level
     ``budget_rule`` gives each decision so that the chance of any false promotion over ``horizon`` decisions is at
-    most ``budget`` (:mod:`pgrank.core.error_budget`).
+    most ``budget`` (``pgrank.core.error_budget``).
     """
 
     gate_set: str = Field(default="frozen", pattern=r"^frozen$|^[\w.-]+/[\w.-]+$",
@@ -350,7 +381,7 @@ class ChampionConfig(Section):
 
 
 class SearchConfig(Section):
-    """First-stage dense search (:func:`pgrank.retrieval.dense.exact_search.dense_search`), for mining and evaluation."""
+    """First-stage dense search (``pgrank.retrieval.dense.exact_search.dense_search``), for mining and evaluation."""
 
     backend: Literal["auto", "torch", "faiss", "faiss-gpu"] = Field(
         default="auto", description="auto: FAISS where it sees a GPU (faiss-gpu), else torch (on CUDA where torch sees a GPU; "

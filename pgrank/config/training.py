@@ -16,7 +16,7 @@ _UTILITY_NAME = re.compile(r"^(ndcg|dcg|mrr|rr|recall|ap|map)@(\d+)$|^[\w.]+:[\w
 
 
 class PolicyGradientConfig(Section):
-    """Knobs of :func:`pgrank.core.estimators.pg_loss` (paper Eq. 8/9 and appendix table)."""
+    """Knobs of ``pgrank.core.estimators.pg_loss`` (paper Eq. 8/9 and appendix table)."""
 
     utility: str = "ndcg@10"
     estimator: Literal["per_rank", "whole", "plrank3"] = Field(
@@ -40,7 +40,7 @@ class PolicyGradientConfig(Section):
 
 
 class DocumentAnchorConfig(Section):
-    """The query tower kept close to the warm start's document tower on documents (:mod:`pgrank.core.drift`)."""
+    """The query tower kept close to the warm start's document tower on documents (``pgrank.core.drift``)."""
 
     coef: NonNegFloat = Field(
         default=0.0, description="weight of the mean 1 - cos(query tower(d), warm start's document tower(d)) over "
@@ -113,7 +113,7 @@ class VariantConfig(Section):
     """A named training variant: a loss and ``train`` keys laid over the profile's for its runs only
     (``pg_plrank3: {objective: pg, overrides: {pg: {estimator: plrank3}}}``)."""
 
-    objective: Objective
+    objective: Objective = Field(description="the loss this variant trains (a train.objectives loss)")
     overrides: dict[str, Any] = Field(default_factory=dict, description="train keys, nested as in params.yaml")
 
     @field_validator("overrides")
@@ -145,11 +145,12 @@ class TrainConfig(Section):
                                     "where the model allows; at least max_doc_length")
     amp: Literal["bf16", "off"] = "bf16"
     keep_epochs: list[NonNegInt] = Field(default_factory=lambda: [0, 2, 6])
-    seed: int = 42
+    seed: int = Field(default=42, description="seed of the run: initial shuffles, sampled rankings, dropout")
     validation_sets: list[Annotated[str, Field(pattern=r"^[\w.-]+/[\w.-]+$")]] = Field(
         default_factory=list, description="out-of-domain dataset/split sets validated each epoch next to the "
                                           "in-domain carve-out (mined by mine-train)")
-    selection: SelectionConfig = SelectionConfig()
+    selection: SelectionConfig = Field(default=SelectionConfig(), description="which (epoch, mixture) becomes "
+                                       "the policy, from validation only")
     objectives: list[RunName] = Field(
         default_factory=lambda: ["pg"], min_length=1,
         description="the losses (pgrank.core.objectives) or train.variants names, one policy per warm start and "
@@ -168,8 +169,10 @@ class TrainConfig(Section):
         default=120, description="torch.distributed process-group timeout: a validation pass plus saving a checkpoint")
     l2_to_warm_start: NonNegFloat = Field(
         default=0.0, description="coefficient of ||theta - theta_warm||^2 added to the loss (L2-SP; 0: the paper)")
-    document_anchor: DocumentAnchorConfig = DocumentAnchorConfig()
-    pg: PolicyGradientConfig = PolicyGradientConfig()
+    document_anchor: DocumentAnchorConfig = Field(default=DocumentAnchorConfig(), description="the query tower "
+                                                  "held to the warm start's document tower (off at coef 0)")
+    pg: PolicyGradientConfig = Field(default=PolicyGradientConfig(), description="the policy-gradient "
+                                     "estimator (paper Eq. 8/9 and its appendix table)")
 
     @model_validator(mode="after")
     def _selection_needs_sets(self) -> TrainConfig:

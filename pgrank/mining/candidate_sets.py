@@ -158,20 +158,16 @@ SOURCES: dict[str, str] = {
 
 def training_targets(params: Params) -> list[tuple[str, str]]:
     """The carved splits of ``data.train`` (DVC stage ``mine-train``): ``train-pg``, ``validation`` and, when
-    there is one, ``gate-pg`` (whose candidate sets the champion gate freezes and reranks)."""
-    if params.mine.source == "published":
-        raise PgrankError("mine.source=published: the authors published no training candidates; "
-                          "mine the training splits with mine.source=dense or bm25")
+    there is one, ``gate-pg`` (whose candidate sets the champion gate freezes and reranks). They are mined by
+    ``mine.training_source`` (the authors published no training candidates, so ``published`` mines them dense)."""
     dataset = params.data.train.split("/")[0]
     return [(dataset, split) for split in carved_splits(params.data)]
 
 
 def validation_targets(params: Params) -> list[tuple[str, str]]:
     """``train.validation_sets``: out-of-domain sets validated during training, mined as training sets
-    (into ``training-sets/``, by ``mine-train``) so that training never waits on an evaluation stage."""
-    if params.train.validation_sets and params.mine.source == "published":
-        raise PgrankError("mine.source=published: train.validation_sets are mined like the training splits; "
-                          "use mine.source=dense or bm25")
+    (into ``training-sets/``, by ``mine-train``, with ``mine.training_source``) so that training never waits on an
+    evaluation stage."""
     return [tuple(s.split("/")) for s in params.train.validation_sets]
 
 
@@ -191,7 +187,7 @@ def select_targets(params: Params, dataset: str | None = None, splits: Sequence[
     * ``training``: :func:`training_targets`;
     * ``dataset`` and ``splits``: exactly those splits of the dataset;
     * ``dataset`` alone: its evaluation splits;
-    * nothing: the training splits (unless ``mine.source`` is ``published``), then every evaluation split.
+    * nothing: the training splits, then every evaluation split.
 
     Raises:
         PgrankError: an impossible combination, or a dataset that is not an evaluation set.
@@ -206,7 +202,7 @@ def select_targets(params: Params, dataset: str | None = None, splits: Sequence[
         return [(dataset, s) for s in dict.fromkeys(splits)]
     if dataset is not None:
         return evaluation_targets(params, dataset)
-    train = [] if params.mine.source == "published" else training_targets(params)
+    train = training_targets(params)
     return train + [t for t in evaluation_targets(params) if t not in train]
 
 
@@ -300,6 +296,8 @@ def mine_splits(
     them among the training sets, as ``train.validation_sets`` are); the TREC run beside it
     (``Paths.candidates``) is written for evaluation splits, and for the carved training splits only
     with ``mine.training_runs`` (MS MARCO's are 5x10^8 lines, about 25 GB, that nothing downstream reads).
+    Training sets (the carved splits, and every target with ``training``) are mined by
+    ``mine.training_source``, the others by ``mine.source``.
 
     Returns:
         One :class:`MineResult` per target, in order.
@@ -310,17 +308,19 @@ def mine_splits(
     cfg = params.mine
     results: dict[tuple[str, str], MineResult] = {}
     name = "mine/" + ",".join("/".join(t) for t in targets)
-    with tracking.stage_run(params, paths, name, tags={"stage": "mine", "source": cfg.source},
+    by_source = [(d, s, cfg.training_source if training or s in CARVED_SPLITS else cfg.source) for d, s in targets]
+    sources = ",".join(dict.fromkeys(src for _, _, src in by_source))
+    with tracking.stage_run(params, paths, name, tags={"stage": "mine", "source": sources},
                             log_params={"mine": cfg.model_dump(mode="json"), "targets": ["/".join(t) for t in targets]},
                             enabled=params.tracking.enabled, resources=True) as run:
-        for dataset in dict.fromkeys(d for d, _ in targets):
-            splits = [s for d, s in targets if d == dataset]
-            if cfg.source == "published":
+        for dataset, source in dict.fromkeys((d, src) for d, _, src in by_source):
+            splits = [s for d, s, src in by_source if (d, src) == (dataset, source)]
+            if source == "published":
                 for split in splits:
                     results[dataset, split] = _mine_published(params, paths, dataset, split)
                 continue
             topics = {split: load_topics(paths, dataset, split) for split in splits}  # fail fast on a bad split
-            retriever = importlib.import_module(SOURCES[cfg.source]).for_mining(params, paths, dataset, progress=progress)
+            retriever = importlib.import_module(SOURCES[source]).for_mining(params, paths, dataset, progress=progress)
             corpus = retriever.store
             for split, (queries, qrels) in topics.items():
                 started = time.perf_counter()
@@ -330,9 +330,9 @@ def mine_splits(
                 tally = _Tally()
                 trec = not training and split not in CARVED_SPLITS or cfg.training_runs
                 path = write_candidates(paths, dataset, split, _mined_sets(retriever, queries, judged, size, tally, progress),
-                                        corpus=corpus, tag=f"pgrank-{cfg.source}", trec=trec,
-                                        meta={"source": cfg.source, "candidates": size}, training=training)
-                results[dataset, split] = tally.result(dataset, split, cfg.source, path, n_relevant - tally.relevant,
+                                        corpus=corpus, tag=f"pgrank-{source}", trec=trec,
+                                        meta={"source": source, "candidates": size}, training=training)
+                results[dataset, split] = tally.result(dataset, split, source, path, n_relevant - tally.relevant,
                                                        True, started)
                 log.info("%s/%s: %d queries -> %s", dataset, split, tally.queries, path)
         for (dataset, split), r in results.items():

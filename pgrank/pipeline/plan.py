@@ -163,25 +163,25 @@ def make_plan(params: Params, paths: Paths, profile: str = "paper") -> Plan:
 
     # ---- mining
     def mine_line(stage: str, dataset: str, splits: list[str], training: bool = False) -> None:
+        source = mine.training_source if training else mine.source
         queries = sum(_queries(sizes[dataset], dataset, s, params) for s in splits)
         size = min(C, sizes[dataset]["documents"])
         pairs = queries * size
         trec = sum(_queries(sizes[dataset], dataset, s, params) * size for s in splits
                    if not training or mine.training_runs)
         disk = pairs * STORE_PAIR_BYTES + trec * TREC_LINE_BYTES
-        if mine.source == "dense":
+        if source == "dense":
             docs, emb, note = artifact(mine.model, mine.max_seq_length, dataset)
             add(lengths(Line(stage, mine.model, docs=docs, queries=queries, pairs=pairs,
                            disk=None if emb is None else disk + emb, note=note), dataset, mine.max_seq_length, mine.max_seq_length))
-        elif mine.source == "bm25":
+        elif source == "bm25":
             add(Line(stage, "bm25", pairs=pairs, disk=disk, note="BM25 index: ? bytes"))
         else:
             add(Line(stage, "published", pairs=pairs, disk=disk))
 
-    if mine.source != "published":
-        mine_line("mine-train", train_dataset, carved_splits(params.data), training=True)
-        for dataset, split in held_out:
-            mine_line("mine-train", dataset, [split], training=True)
+    mine_line("mine-train", train_dataset, carved_splits(params.data), training=True)
+    for dataset, split in held_out:
+        mine_line("mine-train", dataset, [split], training=True)
     for dataset, splits in eval_sets.items():
         mine_line(f"mine@{dataset}", dataset, splits)
 

@@ -163,7 +163,7 @@ def measure_rates(params, paths, name: str, device: str, seconds: float, *, trai
     from pgrank.models.loading import load_encoder
 
     ev, cfg = params.evaluate, params.train
-    mining = name == params.mine.model and params.mine.source == "dense"
+    mining = name == params.mine.model and "dense" in (params.mine.source, params.mine.training_source)
     limit = max(params.mine.max_seq_length if mining else 0, ev.max_seq_length)
     batch = params.mine.batch_size if mining else ev.batch_size
     if name in ev.systems.sparse:

@@ -91,10 +91,11 @@ def test_select_targets(tmp_path):
         select_targets(params, splits=["test"])
     with pytest.raises(PgrankError, match="takes no --dataset"):
         select_targets(params, dataset="scifact", training=True)
-    params, _ = make_params(tmp_path, "mine.source=published", "data.eval_sets=[nfcorpus/test]")
-    assert select_targets(params) == [("nfcorpus", "test")]
-    with pytest.raises(PgrankError, match="published no training candidates"):
-        select_targets(params, training=True)
+    # the authors published evaluation candidates only: the training sets are still mined (mine.training_source)
+    params, _ = make_params(tmp_path, "mine.source=published", "data.train=scifact/train", "data.eval_sets=[nfcorpus/test]")
+    assert params.mine.training_source == "dense"
+    assert select_targets(params) == [("scifact", "train-pg"), ("scifact", "validation"), ("nfcorpus", "test")]
+    assert select_targets(params, training=True) == [("scifact", "train-pg"), ("scifact", "validation")]
 
 
 # --------------------------------------------------------------------------------------- small synthetic sets
@@ -176,7 +177,7 @@ def test_published_source(toy):
     # q1: d28 and 'gone' are not in the published set; q2 has no set; q3's d10 is missing.
     assert result.relevant == 2 and result.relevant_missing == 8
     with pytest.raises(DataError, match="dev and test splits only"):
-        mine(params, paths, "toy", "train-pg", progress=False)
+        mine(params, paths, "toy", "train", progress=False)
 
 
 def test_missing_split_is_reported_before_any_work(toy):
@@ -285,6 +286,20 @@ def test_dense_mining_with_real_minilm_on_a_scifact_slice(scifact, tmp_path, mon
     monkeypatch.setattr(embeddings, "encode_documents", lambda *a, **k: pytest.fail("re-encoded the corpus"))
     mine(params, paths, "slice", "test", progress=False)
     assert read_run(paths.candidates("slice", "test")) == sets
+
+
+def test_published_evaluation_candidates_leave_the_training_sets_to_the_dense_miner(tmp_path, tiny_model_dir):
+    """With mine.source: published, the carved training splits are mined dense with mine.model (the authors
+    published no training candidates), so `pgrank repro` can run the mine-train stage."""
+    from toy_project import make_project
+
+    from pgrank.mining.candidate_sets import mine_splits, training_targets
+
+    params, paths = make_project(tmp_path, tiny_model_dir, overrides={
+        "mine.source": "published", "mine.model": str(tiny_model_dir), "mine.candidates": 5, "mine.max_seq_length": 32})
+    results = mine_splits(params, paths, training_targets(params), progress=False)
+    assert [(r.split, r.source) for r in results] == [("train-pg", "dense"), ("validation", "dense")]
+    assert open_candidates(paths, "toy", "train-pg").pairs == 5 * results[0].queries
 
 
 def test_training_splits_get_a_trec_run_only_on_request(tmp_path, tiny_model_dir):

@@ -40,6 +40,10 @@ def _check(project: Path) -> int:
         # ${mine.source}, but pgrank/models (which only the dense source loads) is listed for every source.
         if name.split("@")[0] in ("mine", "mine-train") and params.mine.source != "dense":
             unused = [d for d in unused if d != "pgrank/models"]
+        # mine-train lists the dense retriever for every source (it mines the training sets under published), and
+        # ${mine.source}, which mines them otherwise: under bm25 the first, under published the second, goes unused.
+        if name == "mine-train":
+            unused = [d for d in unused if d not in ("pgrank/retrieval/dense", f"pgrank/retrieval/{params.mine.source}")]
         assert not unused, f"stage {name}: depends on code it never runs: {unused}"
         checked += 1
     return checked

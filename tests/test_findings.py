@@ -1,0 +1,171 @@
+"""The findings page and the generated benchmarks page: the figures render from the records, the summary table's
+numbers are the records', and the commands printed from records name no machine path."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+OUT = ROOT / "bench" / "out"
+MACHINE_PATH = re.compile(r"/tmp/|/root/|/work/|/home/|\.\./shared")
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"_docs_{name}", DOCS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _record(name: str) -> dict:
+    return json.loads((OUT / name).read_text(encoding="utf-8"))
+
+
+def _summary_rows() -> dict[str, list[str]]:
+    """``{record file name: the summary table's rows naming it}`` of docs/findings.md."""
+    text = (DOCS / "findings.md").read_text(encoding="utf-8")
+    section = text.split("## In one table", 1)[1].split("\n## ", 1)[0]
+    rows: dict[str, list[str]] = {}
+    for line in section.splitlines():
+        found = re.search(r"`bench/out/([\w.-]+\.json)`", line)
+        if line.startswith("|") and found:
+            rows.setdefault(found.group(1), []).append(line)
+    return rows
+
+
+# --------------------------------------------------------------------------------------- figures
+
+
+def test_every_figure_renders_from_its_record_as_a_png(tmp_path):
+    plots = _load("plots")
+    written = plots.write_all(images=tmp_path)
+    assert sorted(p.name for p in written) == sorted(plots.FIGURES)
+    for path in written:
+        data = path.read_bytes()
+        assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 10_000, path
+    assert plots.write_all(images=tmp_path) == []  # the same records give the same bytes: nothing rewritten
+
+
+def test_the_findings_page_shows_every_figure_and_names_its_record():
+    plots = _load("plots")
+    text = (DOCS / "findings.md").read_text(encoding="utf-8")
+    for name, record in plots.FIGURES.items():
+        assert f"(img/findings/{name})" in text
+        after = text.split(f"(img/findings/{name})", 1)[1].split("\n## ", 1)[0]
+        assert f"`bench/out/{record}`" in after, f"the paragraph under {name} names no record {record}"
+        assert (OUT / record).is_file()
+
+
+def test_a_missing_or_malformed_record_is_an_error_naming_its_file(tmp_path):
+    plots = _load("plots")
+    with pytest.raises(FileNotFoundError, match="variants-demo-ood.json"):
+        plots.read_record("variants-demo-ood.json", tmp_path)
+    (tmp_path / "broken.json").write_text("{not json", encoding="utf-8")
+    with pytest.raises(ValueError, match="broken.json"):
+        plots.read_record("broken.json", tmp_path)
+    (tmp_path / "no-runs.json").write_text('{"title": "x"}', encoding="utf-8")
+    with pytest.raises(ValueError, match="runs"):
+        plots.read_record("no-runs.json", tmp_path)
+
+
+# --------------------------------------------------------------------------------------- the summary table
+
+
+def test_the_demo_rows_equal_the_record():
+    record = _record("variants-demo-ood.json")
+    rows = " ".join(_summary_rows()["variants-demo-ood.json"])
+    demo = record["summary"]["variants"]["demo"]
+    for cell in ("scifact/rerank", "nfcorpus/rerank", "nfcorpus/full", "dbpedia/rerank", "dbpedia/full"):
+        test, warm = demo["test"][cell], record["warm"][cell]["ndcg@10"]
+        assert f"{warm:.4f}" in rows, cell
+        assert f"{test['mean']:.4f}** ± {test['sd']:.4f}" in rows or f"{test['mean']:.4f} ± {test['sd']:.4f}" in rows, cell
+    scifact = demo["test"]["scifact/rerank"]
+    assert f"+{scifact['mean'] - record['warm']['scifact/rerank']['ndcg@10']:.4f}" in rows
+    assert f"p {scifact['p_warm']:.1e}" in rows
+    assert demo["test"]["scifact/full"]["mean"] == scifact["mean"]  # "first stage: the same"
+    for cell in ("nfcorpus/rerank", "nfcorpus/full", "dbpedia/rerank", "dbpedia/full"):
+        assert f"p {demo['test'][cell]['p_warm']:.2f}" in rows, cell
+
+
+def test_the_objectives_row_equals_the_record():
+    variants = _record("variants-compare.json")["summary"]["variants"]
+    (row,) = _summary_rows()["variants-compare.json"]
+    assert f"InfoNCE +{variants['infonce']['val_in']:.4f}" in row
+    assert f"PG-Rank +{variants['pg']['val_in']:.4f}" in row
+    best = max((v["val_in"], name) for name, v in variants.items() if name.startswith("pg"))
+    assert best[1] == "pg-N1000" and f"+{best[0]:.4f}" in row and "1,000 rankings" in row
+
+
+def test_the_objectives_test_row_equals_the_record():
+    record = _record("variants-compare-test.json")
+    variants = record["summary"]["variants"]
+    (row,) = _summary_rows()["variants-compare-test.json"]
+    for name, label in (("infonce", "InfoNCE"), ("pg", "PG-Rank")):
+        test = variants[name]["test"]
+        rerank, full = test["scifact/rerank"], test["scifact/full"]
+        assert f"{label} {rerank['mean']:.4f} ± {rerank['sd']:.4f} / {full['mean']:.4f} ± {full['sd']:.4f}" in row
+    p = variants["infonce"]["test"]
+    assert f"p {p['scifact/rerank']['p_first']:.1e} / {p['scifact/full']['p_first']:.1e}" in row
+    assert "3 seeds" in row and record["summary"]["variants"]["pg"]["seeds"] == 3
+
+
+def test_the_gate_rows_equal_the_record():
+    record = _record("gate_power.json")
+    yearly, power = _summary_rows()["gate_power.json"]
+    null = {row["rule"]: row for row in record["null"]
+            if (row["test"], row["training"], row["gate_size"]) == ("student", "continual", 300)}
+    assert f"{null['none']['yearly_rate']:.3f} at alpha {null['none']['level']}" in yearly
+    assert f"{null['spending']['yearly_rate']:.3f} under the budget of {record['rule']['budget']}" in yearly
+    assert f"({record['rule']['horizon']} decisions" in yearly
+    gains = {row["rule"]: row for row in record["power"]
+             if (row["test"], row["gate_size"], row["delta"]) == ("student", 300, 0.02)}
+    assert f"{gains['none']['rate']:.3f} at alpha" in power and f"{gains['spending']['rate']:.3f} under" in power
+
+
+# --------------------------------------------------------------------------------------- the benchmarks page
+
+
+def test_generated_commands_name_no_machine_path():
+    text = _load("generate").benchmarks()
+    commands = re.findall(r"```bash\n(.*?)\n```", text, flags=re.S)
+    assert len(commands) == len(list(OUT.glob("*.json")))
+    for command in commands:
+        assert not MACHINE_PATH.search(command), command
+    for path in OUT.glob("*.json"):
+        if "--out" in _record(path.name)["command"]:
+            assert f"--out bench/out/{path.name}" in text
+
+
+@pytest.mark.parametrize("command, expected", [
+    ("python bench/variants.py --work /tmp/v42 --mirror ../shared/data/beir --out /tmp/v42/record.json",
+     "python bench/variants.py --work W --mirror $PGRANK_BEIR_MIRROR --out bench/out/x.json"),
+    ("python bench/forgetting.py --corpus /tmp/vd4/data/a.jsonl --policy demo=/tmp/vd4/runs/m",
+     "python bench/forgetting.py --corpus W/data/a.jsonl --policy demo=W/runs/m"),
+    ("python bench/variants.py --work /tmp/w --variant wise-ft: a=[0.25, 1] --variant demo: --seeds 42 43",
+     "python bench/variants.py --work W --variant 'wise-ft: a=[0.25, 1]' --variant demo: --seeds 42 43"),
+])
+def test_a_command_is_rewritten_as_a_reader_reruns_it(command, expected):
+    assert _load("generate").rerunnable(command, "x.json") == expected
+
+
+def test_every_benchmark_section_has_its_own_title_and_names_its_record():
+    text = re.sub(r"^```.*?^```$", "", _load("generate").benchmarks(), flags=re.M | re.S)  # transcripts hold "## "
+    headings = re.findall(r"^## (.+?) \{ #[\w-]+ \}$", text, flags=re.M)
+    assert len(headings) == len(set(headings)) == len(list(OUT.glob("*.json")))
+    assert not [h for h in headings if re.fullmatch(r"[\w.-]+", h)], "a raw file name as a heading"
+    for section in text.split("\n## ")[1:]:
+        name = re.search(r"\{ #([\w-]+) \}", section).group(1)
+        assert re.search(r"`bench/out/[\w.-]+\.json`", section), name
+
+
+def test_sphinx_markup_reaches_the_generated_pages_as_plain_code():
+    generate = _load("generate")
+    assert generate.plain_code("(:mod:`pgrank.paths`, ``flows/x.py``, :func:`~a.b`)") == "(`pgrank.paths`, `flows/x.py`, `a.b`)"
+    for page, text in generate.generate().items():
+        assert not re.search(r":(?:mod|func|class|meth|attr|data):`", text), page
