@@ -12,7 +12,6 @@ scripts' own functions over fixture values, which are not measurements.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import json
 import runpy
@@ -20,16 +19,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from script_modules import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
-
-
-def _load(path: Path, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -37,12 +30,12 @@ def generate():
     """``docs/generate.py`` and the bench scripts' own imports (``bench/record.py``, ``bench/machine.py``)."""
     with pytest.MonkeyPatch.context() as mp:
         mp.syspath_prepend(str(BENCH))
-        yield _load(ROOT / "docs" / "generate.py", "_docs_generate")
+        yield load_script(ROOT / "docs" / "generate.py", "_docs_generate")
 
 
 def script(name: str):
     """``bench/<name>.py`` as a module (its ``render`` and result functions), without running it."""
-    return _load(BENCH / f"{name}.py", f"_bench_{name}")
+    return load_script(BENCH / f"{name}.py", f"_bench_{name}")
 
 
 def _runs(tiny: Path, mirror: Path, work: Path) -> dict[str, list[str]]:
@@ -131,7 +124,7 @@ def test_the_benchmarks_page_renders_every_record(generate, recorded):
 @pytest.fixture(scope="module")
 def head() -> dict:
     """A record's head as ``bench/record.py`` writes it, on this machine."""
-    return {"title": "fixture", "machine": _load(BENCH / "machine.py", "_bench_machine").machine_record()}
+    return {"title": "fixture", "machine": load_script(BENCH / "machine.py", "_bench_machine").machine_record()}
 
 
 def as_written(record: dict) -> dict:

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from script_modules import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -28,10 +29,7 @@ NOT_CHECKED = ("bench/out/", "docs/hooks.py", "tests/test_docs.py")
 
 
 def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"_docs_{name}", DOCS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(DOCS / f"{name}.py", f"_docs_{name}")
 
 
 def test_the_generated_pages_equal_what_the_code_generates():

@@ -3,12 +3,12 @@ numbers are the records', and the commands printed from records name no machine 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from pathlib import Path
 
 import pytest
+from script_modules import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -17,10 +17,7 @@ MACHINE_PATH = re.compile(r"/tmp/|/root/|/work/|/home/|\.\./shared")
 
 
 def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"_docs_{name}", DOCS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(DOCS / f"{name}.py", f"_docs_{name}")
 
 
 def _record(name: str) -> dict:

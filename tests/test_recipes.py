@@ -5,7 +5,6 @@ query/document model, and ``bench/compare_lr.py`` hands ``--profile`` and ``--se
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -15,17 +14,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from script_modules import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
 RECIPES = ROOT / "docs" / "recipes"
-
-
-def _load(path: Path, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +26,7 @@ def bench(monkeypatch_module):
     """The bench scripts this file checks, importable as bench/ imports them (``record``, ``machine``)."""
     monkeypatch_module.syspath_prepend(str(BENCH))
     monkeypatch_module.syspath_prepend(str(ROOT / "docs"))
-    return {name: _load(BENCH / f"{name}.py", f"_recipes_{name}") for name in ("recipes", "compare_lr", "variants")}
+    return {name: load_script(BENCH / f"{name}.py", f"_recipes_{name}") for name in ("recipes", "compare_lr", "variants")}
 
 
 @pytest.fixture(scope="module")
@@ -179,7 +172,7 @@ def test_compare_lr_refuses_a_set_that_is_not_key_value(bench, tmp_path, bad, ca
 
 
 def test_the_compare_page_shows_what_the_scripts_printed(bench):
-    generate = _load(ROOT / "docs" / "generate.py", "_recipes_generate")
+    generate = load_script(ROOT / "docs" / "generate.py", "_recipes_generate")
     shown = blocks("compare-objectives.md")
     for name, script in (("compare_lr-listmle_topk", bench["compare_lr"]), ("variants-compare", bench["variants"])):
         rec = record(name)
