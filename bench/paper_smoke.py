@@ -330,12 +330,34 @@ def _grid(name, markdown, sets, systems, paper, set_name, sys_name, dash) -> lis
     return problems
 
 
+def render(record: dict) -> str:
+    """The run's time, memory and disk, per stage kind, as printed and shown on the benchmarks page."""
+    from stage_resources import group_table
+
+    run = record["run"]
+    return "\n".join([
+        f"`pgrank --profile {PROFILE} repro` from an empty workspace: {run['pipeline_s']:,.0f} s in all, "
+        f"{len(run['stages'])} stage runs; tables {'complete' if not run['problems'] else 'INCOMPLETE'}. "
+        f"Disk after the run: workspace {run['disk_bytes']['workspace'] / 2**20:,.1f} MiB, data/{PROFILE}/ (mirror, models, "
+        f"downloaded sets, embeddings) {run['disk_bytes']['data'] / 2**20:,.1f} MiB.", "",
+        *group_table(run["groups"])])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="passed to pgrank (e.g. --set 'data.eval_sets=[msmarco/dev, msmarco/test, nq/test]')")
     parser.add_argument("--prepare-only", action="store_true", help="write data/paper-smoke/ and stop")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="also write a record of the run (time, peak RSS and disk per stage kind) to this JSON "
+                             "file, e.g. bench/out/paper_smoke.json; the workspace must not exist yet")
     args = parser.parse_args(argv)
+    from pgrank.config import load_params
+
+    ws = ROOT / load_params(ROOT / "params.yaml", args.overrides, PROFILE).paths.root
+    if args.out and ws.exists():
+        print(f"paper_smoke: error: {ws} exists; a record times every stage, so remove it first", file=sys.stderr)
+        return 2
     start = time.perf_counter()
     made = prepare(FOLDER)
     print(f"prepared {made['mirror']} and {len(made['models'])} models in {time.perf_counter() - start:.0f} s")
@@ -346,14 +368,20 @@ def main(argv: list[str] | None = None) -> int:
     print("+ " + " ".join(cmd), flush=True)
     env = {k: v for k, v in os.environ.items() if k != "PGRANK_BEIR_MIRROR"}  # it would win over data.mirror
     subprocess.run(cmd, cwd=ROOT, env=env, check=True)
-    print(f"pipeline: {time.perf_counter() - start:.0f} s")
-    from pgrank.config import load_params
-
-    ws = ROOT / load_params(ROOT / "params.yaml", args.overrides, PROFILE).paths.root
+    pipeline_s = time.perf_counter() - start
+    print(f"pipeline: {pipeline_s:.0f} s")
     problems = table_problems(ws)
     for problem in problems:
         print(f"incomplete: {problem}", file=sys.stderr)
     print(f"tables: {'complete' if not problems else f'{len(problems)} problems'} ({ws / 'tables' / 'tables.md'})")
+    if args.out:
+        from record import new_record, save
+        from stage_resources import disk_bytes, stage_resources
+
+        record = new_record("The paper's configuration, shrunk (paper-smoke), end to end on a CPU")
+        record["run"] = {"pipeline_s": round(pipeline_s, 1), "problems": problems, **stage_resources(ws),
+                         "disk_bytes": {"workspace": disk_bytes(ws), "data": disk_bytes(FOLDER)}}
+        save(record, args.out, render)
     return 1 if problems else 0
 
 

@@ -379,6 +379,7 @@ def _render(record: dict) -> str:
     _bench_on_path()
     spec = importlib.util.spec_from_file_location(f"_bench_{script.stem}", script)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # a script's dataclasses look their module up there
     spec.loader.exec_module(module)
     return module.render(record)
 

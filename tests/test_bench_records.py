@@ -292,3 +292,27 @@ def test_demo_time_reads_the_stage_walls_a_demo_logs_and_renders_each_revision_a
     assert "| 2 | 1 | 540 | 185 | 355 |" in text  # each revision by its place in the command, never its hash
     assert "bbbbbbb" not in text and "| HEAD |" not in text
     assert text.endswith("| 2 | 1 | 540 | 1.20x |")
+
+
+def test_pipeline_resources_and_paper_smoke_render_each_stage_kind_and_the_disk(generate, head):
+    groups = {"download": {"runs": 1, "wall_s": 8.0, "peak_rss_mib": 255.5},
+              "train": {"runs": 1, "wall_s": 306.0, "peak_rss_mib": 2251.2}}
+    run = {"pipeline_s": 1115.2, "stages": [{}, {}], "groups": groups}
+    demo = {**head, "command": "python bench/pipeline_resources.py --profile demo",
+            "run": {**run, "profile": "demo", "disk_bytes": {"workspace": 2**20, "data": 2 * 2**20, "embeddings": 0}}}
+    text = generate._render(as_written(demo))
+    assert "1,115 s in all, 2 stage runs" in text and "datasets 2.0 MiB" in text
+    assert "| train | 1 | 306.0 | 2,251 |" in text
+    smoke = {**head, "command": "python bench/paper_smoke.py --out F",
+             "run": {**run, "problems": [], "disk_bytes": {"workspace": 2**20, "data": 3 * 2**20}}}
+    text = generate._render(as_written(smoke))
+    assert "tables complete" in text and "| download | 1 | 8.0 | 256 |" in text
+
+
+def test_exported_policy_renders_both_figures_and_their_difference_per_set_and_stage(generate, head):
+    record = {**head, "command": "python bench/exported_policy.py --profile demo",
+              "result": {"policy": "pgrank-minilm", "backend": "auto", "sets": {
+                  "scifact/test": {"rerank": {"queries": 300, "plain": 0.7321, "pgrank": 0.7318, "difference": 0.0003}}}}}
+    text = generate._render(as_written(record))
+    assert "| scifact/test | rerank | 300 | 0.7318 | 0.7321 | +0.0003 |" in text
+    assert "`models.backend: auto`" in text

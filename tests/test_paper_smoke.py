@@ -212,6 +212,26 @@ def test_mlflow_tracked_every_stage_of_the_slice(sliced):
 
 
 @SLICE_TIMEOUT
+def test_each_stage_process_of_the_slice_reports_its_time_and_memory(sliced):
+    """What bench/paper_smoke.py --out and bench/pipeline_resources.py record: every stage's own wall time and its
+    process's peak RSS from its MLflow run, summed and maximised per stage kind; the stages' times add up to no more
+    than the whole run's."""
+    from stage_resources import disk_bytes, stage_resources
+
+    ws, _, seconds = sliced
+    used = stage_resources(ws)
+    assert len(used["stages"]) == 26 and {s["status"] for s in used["stages"]} == {"FINISHED"}
+    groups = used["groups"]
+    assert {k: g["runs"] for k, g in groups.items()} == {"download": 1, "evaluate": 18, "mine": 4, "tables": 1,
+                                                              "train": 2}
+    assert all(0 < s["wall_s"] < seconds and s["peak_rss_mib"] > 100 for s in used["stages"])  # a process with torch
+    assert groups["evaluate"]["wall_s"] == pytest.approx(sum(s["wall_s"] for s in used["stages"]
+                                                             if s["stage"] == "evaluate"), abs=0.5)
+    assert sum(s["wall_s"] for s in used["stages"]) < seconds
+    assert disk_bytes(ws) >= disk_bytes(ws / "tables") > 0
+
+
+@SLICE_TIMEOUT
 def test_the_check_notices_a_missing_cell(sliced, tmp_path):
     ws, _, _ = sliced
     shutil.copy(ws / "params.yaml", tmp_path / "params.yaml")
