@@ -74,12 +74,10 @@ def main() -> int:
     started = time.perf_counter()
     subprocess.run(cmd, cwd=ROOT, env=env, check=True)
     record = new_record(f"The {args.profile} profile's pipeline from an empty workspace: time, RAM and disk per stage")
-    ws_params = load_params(paths.root / "params.yaml")
-    ws_paths = Paths.from_config(ws_params.paths, base=paths.root)
     record["run"] = {"profile": args.profile, "overrides": args.overrides,
                      "pipeline_s": round(time.perf_counter() - started, 1), **stage_resources(paths.root),
-                     "disk_bytes": {"workspace": disk_bytes(paths.root), "data": disk_bytes(ws_paths.data),
-                                    "embeddings": disk_bytes(ws_paths.embeddings)}}
+                     "disk_bytes": {"workspace": disk_bytes(paths.root), "data": disk_bytes(paths.data),
+                                    "embeddings": disk_bytes(paths.embeddings)}}
     save(record, args.out, render)
     return 0
 

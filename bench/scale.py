@@ -49,6 +49,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from record import add_out_option, new_record, save, table  # noqa: E402
+from stage_resources import disk_bytes  # noqa: E402
 from synthetic_msmarco import DEV_QUERIES, PASSAGES, TRAIN_QUERIES, write_dataset, write_mirror  # noqa: E402
 
 RESOURCES = re.compile(r"pgrank: (?P<name>.+?): wall (?P<wall>[\d.]+) s, peak RSS (?P<rss>\d+) MiB")
@@ -116,10 +117,6 @@ def repro(sets: list[str], targets: list[str], log: Path) -> dict[str, dict]:
     return stages
 
 
-def disk(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.exists() else 0
-
-
 def bm25_side_by_side(ws: Path, sample: int) -> dict:
     """Queries a second of the ``mine`` stage's batched BM25 search against a per-query baseline loop."""
     from pgrank.config import load_params
@@ -183,10 +180,10 @@ def run_fraction(work: Path, fraction: float, encoder: Path, sample: int, reuse:
     stages["mine-train (dense)"] = dense["mine-train"]
     sizes = {
         "corpus.jsonl": (data / "msmarco" / "corpus.jsonl").stat().st_size,
-        "corpus store": disk(data / ".stores"),
-        "training candidate stores": disk(ws / "training-sets"),
-        "BM25 index": sum(disk(p) for p in emb.glob("bm25--*")),
-        "corpus embeddings (64-d)": sum(disk(p) for p in emb.iterdir() if p.is_dir() and not p.name.startswith(("bm25", "."))),
+        "corpus store": disk_bytes(data / ".stores"),
+        "training candidate stores": disk_bytes(ws / "training-sets"),
+        "BM25 index": sum(disk_bytes(p) for p in emb.glob("bm25--*")),
+        "corpus embeddings (64-d)": sum(disk_bytes(p) for p in emb.iterdir() if p.is_dir() and not p.name.startswith(("bm25", "."))),
     }
     pairs = json.loads((ws / "training-sets/msmarco/train-pg/meta.json").read_text())["pairs"]
     bm25 = bm25_side_by_side(ws, sample)
