@@ -316,3 +316,19 @@ def test_exported_policy_renders_both_figures_and_their_difference_per_set_and_s
     text = generate._render(as_written(record))
     assert "| scifact/test | rerank | 300 | 0.7318 | 0.7321 | +0.0003 |" in text
     assert "`models.backend: auto`" in text
+
+
+def test_no_bench_option_defaults_to_a_folder_beside_the_clone():
+    """A benchmark's folders come from its flags or the environment (``PGRANK_BEIR_MIRROR``), never from where this
+    clone happens to sit: no ``add_argument(..., default=...)`` names a ``shared`` folder."""
+    import ast
+
+    offenders = []
+    for path in sorted(BENCH.glob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
+                for kw in node.keywords:
+                    if kw.arg == "default" and "shared" in ast.unparse(kw.value):
+                        offenders.append(f"{path.name}:{node.lineno}")
+    assert not offenders

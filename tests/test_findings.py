@@ -166,3 +166,33 @@ def test_sphinx_markup_reaches_the_generated_pages_as_plain_code():
     assert generate.plain_code("(:mod:`pgrank.paths`, ``flows/x.py``, :func:`~a.b`)") == "(`pgrank.paths`, `flows/x.py`, `a.b`)"
     for page, text in generate.generate().items():
         assert not re.search(r":(?:mod|func|class|meth|attr|data):`", text), page
+
+
+# --------------------------------------------------------------------------------------- the results page
+
+
+def test_the_results_table_of_the_tools_is_its_records():
+    """docs/results.md's KL / anchor / rule table: every change against the warm start, every p against the demo and
+    every validation gain is the one ``bench/out/variants-demo-tools.json`` holds, to the printed digits."""
+    record = _record("variants-demo-tools.json")
+    warm, variants = record["warm"], record["summary"]["variants"]
+    text = (DOCS / "results.md").read_text(encoding="utf-8")
+    section = text.split("{ #tools }", 1)[1].split("\n### ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith(("| variant", "| ---"))]
+    assert {row.split("|")[1].split()[0] for row in rows} == set(variants)
+    number = r"([−+-]\d\.\d{4})(?: \(p (\d[\d.e-]*)\))?"
+    for row in rows:
+        name, *cells = [c.strip() for c in row.strip("|").split("|")]
+        entry = variants[name.split()[0]]
+        for cell, dataset in zip(cells[:3], ("scifact", "nfcorpus", "dbpedia")):
+            figures = re.findall(number, cell)
+            assert len(figures) == 2, (name, cell)
+            for (delta, p), stage in zip(figures, ("rerank", "full")):
+                test = entry["test"][f"{dataset}/{stage}"]
+                assert float(delta.replace("−", "-")) == pytest.approx(test["mean"] - warm[f"{dataset}/{stage}"]["ndcg@10"],
+                                                                       abs=5e-5), (name, dataset, stage)
+                if p:
+                    assert float(p) == pytest.approx(test["p_first"], rel=0.06), (name, dataset, stage)
+        validation = [float(d.replace("−", "-")) for d, _ in re.findall(number, cells[3])]
+        assert validation == pytest.approx([entry["val_in"], entry["val_ood"]["nfcorpus/dev"],
+                                            entry["val_ood"]["dbpedia/dev"]], abs=5e-5), name
