@@ -226,23 +226,18 @@ def summarise(record: dict, margin: float) -> dict:
 def render(record: dict) -> str:
     summary, ood = record["summary"], record["ood"]
     head = ["variant", "seeds", "policy (epoch, alpha)", "val in-domain Δ", *[f"val {s} Δ" for s in ood]]
-    timed = any(v.get("seconds") is not None for v in summary["variants"].values())  # trained by this invocation
-    if timed:
-        head.append("training s")
     has_test = any("test" in v for v in summary["variants"].values())
     cells = record.get("test_cells") or [f"{d}/{s}" for d in ("scifact", "nfcorpus") for s in STAGES]
     if has_test:
         head += [f"test {c}" for c in cells]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * 3 + " ---: |" * (len(head) - 3)]
     if has_test and record.get("warm"):
-        lines.append("| warm start | | | | " + " | ".join("" for _ in ood) + (" | " if timed else "") + " | "
+        lines.append("| warm start | | | | " + " | ".join("" for _ in ood) + " | "
                      + " | ".join(f"{record['warm'][c]['ndcg@10']:.4f}" for c in cells) + " |")
     for name, v in summary["variants"].items():
         choices = ", ".join(f"({e}, {a:g})" for e, a in v["choices"])
         row = [name, str(v["seeds"]), choices, f"{v['val_in']:+.4f}",
                *[f"{v['val_ood'][s]:+.4f}" if s in v["val_ood"] else "not validated" for s in ood]]
-        if timed:
-            row.append(f"{v['seconds']:.0f}" if v.get("seconds") is not None else "reused")
         for key in cells if "test" in v else []:
             c = v["test"][key]
             sd = f" ± {c['sd']:.4f}" if c.get("sd") is not None else ""
@@ -253,9 +248,6 @@ def render(record: dict) -> str:
     text = ["\n".join(lines), "",
             f"Validation only chooses: {chosen} (the best mean in-domain validation gain among the variants "
             f"whose mean out-of-domain validation change is at least −{summary['margin']})."]
-    if timed:
-        text.append("Training s: the mean over seeds of one run's training wall time, in this invocation (a reused run's "
-                    "was measured by the invocation that trained it).")
     if has_test:
         text.append("Test cells: nDCG@10, mean ± standard deviation over seeds (p₁: paired t-test of per-query means over "
                     "seeds against the first variant; p₀: against the warm start). They are reported, never used to choose.")
