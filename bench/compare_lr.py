@@ -57,12 +57,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def run_overrides(args: argparse.Namespace, root: Path, extra: list[str] = ()) -> list[str]:
-    """A run's overrides, in order: its own folders and no tracking, the mirror, then ``--set``, then the run's
-    own (its objective and rate), so that ``--set`` never changes what the grid varies."""
+def run_overrides(args: argparse.Namespace, root: Path, extra: list[str] = (), fixed: list[str] = ()) -> list[str]:
+    """A run's overrides, in order: its own folders and no tracking, the mirror, the script's ``fixed`` settings
+    (which ``--set`` may change), then ``--set``, then the run's own (its objective and rate), so that ``--set`` never
+    changes what the grid varies."""
     work = args.work.resolve()
     return [f"paths.root={root}", f"paths.data={work / 'data'}", f"paths.embeddings={work / 'embeddings'}",
-            *([f"data.mirror={args.mirror}"] if args.mirror else []), "tracking.enabled=false",
+            *([f"data.mirror={args.mirror}"] if args.mirror else []), "tracking.enabled=false", *fixed,
             *args.overrides, *extra]
 
 

@@ -40,6 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
+from compare_lr import run_overrides  # noqa: E402
 from forgetting import HalfDocuments  # noqa: E402
 from kl_ablation import link_shared  # noqa: E402
 from machine import machine_record  # noqa: E402
@@ -80,9 +81,8 @@ def parse_variant(text: str) -> tuple[str, str, list[str]]:
 def _params(args, root: Path, extra: list[str]):
     from pgrank.config import load_params
 
-    return load_params(ROOT / "params.yaml", [
-        f"paths.root={root}", f"paths.data={args.work / 'data'}", f"paths.embeddings={args.work / 'embeddings'}",
-        *([f"data.mirror={args.mirror}"] if args.mirror else []), "tracking.enabled=false", "evaluate.policy_epochs=[]", *args.overrides, *extra], profile=args.profile)
+    return load_params(ROOT / "params.yaml", run_overrides(args, root, extra, fixed=["evaluate.policy_epochs=[]"]),
+                       profile=args.profile)
 
 
 def _test(params, paths, system: str) -> dict:
