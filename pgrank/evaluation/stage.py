@@ -150,6 +150,8 @@ def evaluate(params: Params, paths: Paths, system: str, eval_set: str, stages: S
         record = {"system": system, "model": model_record(getattr(system_info, "query_model", system), paths),
                   "epoch": getattr(system_info, "epoch", None), "dataset": dataset, "split": split, "stage": stage,
                   "queries": len(per_query), "metrics": means, "significance": significance}
+        if getattr(retriever, "encoding", None):  # a dense system: the backends and stored precision behind the figures
+            record["encoding"] = retriever.encoding
         write_json(folder / "per_query.json", per_query)
         write_json(folder / "metrics.json", record)
         with tracking.stage_run(params, paths, f"evaluate/{system}/{eval_set}/{stage}",

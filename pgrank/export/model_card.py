@@ -46,6 +46,7 @@ class Figure:
     ndcg: float
     warm_start: float | None = None
     p_value: float | None = None  # paired test against the warm start (evaluate.significance.test)
+    encoding: tuple[tuple[str, str], ...] = ()  # metrics.json's "encoding": backends and stored precision
 
 
 @dataclass(frozen=True)
@@ -149,7 +150,8 @@ def _figures(params: Params, paths: Paths, system: str, checkpoint: str) -> list
                 baseline = _metrics(paths.results(warm, dataset, split, stage)) or {}
                 p_values = (record.get("significance") or {}).get("p_values") or {}
                 figures.append(Figure(dataset, split, stage, int(record["queries"]), record["metrics"]["ndcg@10"],
-                                      (baseline.get("metrics") or {}).get("ndcg@10"), p_values.get("ndcg@10")))
+                                      (baseline.get("metrics") or {}).get("ndcg@10"), p_values.get("ndcg@10"),
+                                      tuple(sorted((record.get("encoding") or {}).items()))))
     return figures
 
 
@@ -207,8 +209,7 @@ def _figures_table(facts: PolicyFacts) -> list[str]:
         return ["No results of `pgrank evaluate` for this checkpoint were found when it was exported: evaluate it, "
                 "then export it again."]
     test = TEST_NAMES.get(facts.significance_test, f"{facts.significance_test} test")
-    lines = [f"nDCG@10 from `pgrank evaluate` (`models.backend: {facts.backend}`); p: {test} against the warm "
-             "start.", "",
+    lines = [f"nDCG@10 from `pgrank evaluate` ({_encoding(facts)}); p: {test} against the warm start.", "",
              f"| dataset/split | stage | queries | warm start ({facts.warm_start}) | this policy | p |",
              "| --- | --- | ---: | ---: | ---: | ---: |"]
     for f in facts.figures:
@@ -217,6 +218,21 @@ def _figures_table(facts: PolicyFacts) -> list[str]:
         lines.append(f"| {f.dataset}/{f.split} | {STAGE_NAMES.get(f.stage, f.stage)} | {f.queries} | "
                      f"{_number(f.warm_start)} | {_number(f.ndcg)}{gain} | {p} |")
     return lines
+
+
+def _encoding(facts: PolicyFacts) -> str:
+    """How the figures' embeddings were computed: the backends ``metrics.json`` recorded, and what a plain
+    float32 ``SentenceTransformer`` of this folder computes differently."""
+    kinds = {f.encoding for f in facts.figures}
+    if len(kinds) != 1 or not next(iter(kinds)):  # results written before metrics.json recorded the encoding
+        return f"`models.backend: {facts.backend}`"
+    enc = dict(next(iter(kinds)))
+    text = (f"queries encoded with the `{enc.get('queries')}` backend, documents with `{enc.get('documents')}`, "
+            f"document embeddings stored as {enc.get('document_vectors', 'float32')}")
+    if enc.get("queries") != "torch" or enc.get("documents") != "torch":
+        text += ("; plain `SentenceTransformer` runs this folder's float32 weights, so its nDCG@10 can differ from "
+                 "these")
+    return text
 
 
 def render(facts: PolicyFacts, name: str = "path/to/this/folder") -> str:

@@ -147,11 +147,36 @@ def test_the_model_card_holds_the_warm_start_the_objective_and_the_figures(proje
         row = (f"| toy/validation | {label} | 6 | {theirs['metrics']['ndcg@10']:.4f} | "
                f"{ours['metrics']['ndcg@10']:.4f} ({ours['metrics']['ndcg@10'] - theirs['metrics']['ndcg@10']:+.4f}) |")
         assert row in body
+    # how the figures were computed, as metrics.json recorded it: here the torch backend, which the export reproduces
+    assert ours["encoding"] == {"queries": "torch", "documents": "torch", "document_vectors": "float16"}
+    assert ("nDCG@10 from `pgrank evaluate` (queries encoded with the `torch` backend, documents with `torch`, "
+            "document embeddings stored as float16); p:") in body and "can differ" not in body
     assert "Policy-Gradient Training of Language Models for Ranking" in body and "Joachims" in body
     assert 'SentenceTransformer("policy")' in body and "encode_query" in body and "encode_document" in body
     record = json.loads((exported / "pgrank.json").read_text())
     assert record["exported_as"] == f"pgrank-{warm}" and record["tower"] == "query" and record["epoch"] == 1
     assert record["checkpoint"].startswith("models/") and record["checkpoint"].endswith("/pg/epoch-1")  # as results name it
+
+
+def test_the_card_says_which_backends_computed_its_figures_and_that_plain_float32_can_differ():
+    from dataclasses import replace
+
+    from pgrank.export.model_card import Figure, PolicyFacts, _figures_table
+
+    facts = PolicyFacts(system="pgrank-minilm", warm_start="minilm", warm_start_model="m", base_model=None, loss="pg",
+                        run="pg", tower="query", similarity="dot", max_seq_length=256, train_set="scifact/train",
+                        train_queries=None, validation_queries=None, candidates="", epoch=4, epochs=4, selection="",
+                        significance_test="wilcoxon", backend="auto")
+    int8 = (("document_vectors", "float16"), ("documents", "onnx-int8"), ("queries", "torch"))
+    line = _figures_table(replace(facts, figures=[Figure("scifact", "test", s, 300, 0.73, 0.65, encoding=int8)
+                                                  for s in ("rerank", "full")]))[0]
+    assert "queries encoded with the `torch` backend, documents with `onnx-int8`, document embeddings stored as " \
+           "float16; plain `SentenceTransformer` runs this folder's float32 weights, so its nDCG@10 can differ" in line
+    # results written without the record, or under different backends, fall back to the configured backend
+    old = _figures_table(replace(facts, figures=[Figure("scifact", "test", "rerank", 300, 0.73, 0.65)]))[0]
+    assert "(`models.backend: auto`)" in old
+    mixed = [Figure("scifact", "test", "rerank", 300, 0.73, encoding=int8), Figure("nfcorpus", "test", "rerank", 323, 0.3)]
+    assert "(`models.backend: auto`)" in _figures_table(replace(facts, figures=mixed))[0]
 
 
 def test_a_hub_model_warm_start_is_the_cards_base_model():

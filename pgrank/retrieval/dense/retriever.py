@@ -107,11 +107,13 @@ class DenseRetriever:
         # Models are resolved (offline copy found, safetensors only, checksum) before the corpus store is
         # built: a bad model is reported without first writing the store into {paths.data}/.stores.
         document_ref = resolve_model(system.document_model, params.models)
-        if not self._same_model:
-            resolve_model(system.query_model, params.models)
+        query_ref = document_ref if self._same_model else resolve_model(system.query_model, params.models)
         self.store = open_corpus(paths, dataset, progress=progress)
         self.doc_ids = self.store.ids
         backend = effective_backend(document_ref, params.models)
+        # what ``metrics.json`` records of how its figures were computed (the model card states it)
+        self.encoding = {"queries": backend if self._same_model else effective_backend(query_ref, params.models),
+                         "documents": backend, "document_vectors": "float16"}
         artifact = corpus_embedding_folder(document_ref, backend, paths, max_seq_length=max_seq_length,
                                            corpus_sha256=self.store.sha256)
         if candidates is not None and not (artifact / META).is_file():
