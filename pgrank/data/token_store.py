@@ -115,11 +115,25 @@ def text_modules(model) -> list:
     return [m for m in model.modules() if getattr(m, "tokenizer", None) is not None and hasattr(m, "auto_model")]
 
 
+PROMPT_NAMES = {"query": ("query",), "document": ("document", "passage", "corpus")}
+
+
+def task_prompt(model, task: str) -> str | None:
+    """The prompt sentence-transformers' ``encode_query`` / ``encode_document`` put before a ``task`` text: the
+    first of :data:`PROMPT_NAMES` in the model's ``prompts``, else its ``default_prompt_name``'s, else none."""
+    prompts = getattr(model, "prompts", None) or {}
+    for name in PROMPT_NAMES.get(task, ()):
+        if name in prompts:
+            return prompts[name] or None
+    default = getattr(model, "default_prompt_name", None)
+    return (prompts.get(default) or None) if default else None
+
+
 def tokenizer_identity(model, task: str, max_length: int) -> dict:
     """What the ids of ``task`` texts depend on: every tokenizer's definition (the fast tokenizer's JSON, less its
     truncation and padding settings, which ``preprocess`` sets per call), the length, and the task where a
-    ``Router`` sends queries and documents to different modules (``preprocess`` adds no prompt, so otherwise
-    queries and documents tokenize alike). ``sha256`` digests it all."""
+    ``Router`` sends queries and documents to different modules, and the task's prompt (:func:`task_prompt`) where
+    the model has one. ``sha256`` digests it all."""
     parts = []
     for module in [m for m in model.modules() if m is not model and getattr(m, "tokenizer", None) is not None]:
         tok = module.tokenizer
@@ -132,15 +146,19 @@ def tokenizer_identity(model, task: str, max_length: int) -> dict:
             spec = {"vocab": sorted(tok.get_vocab().items()), "init": str(getattr(tok, "init_kwargs", {}))}
         parts.append({"class": type(tok).__name__, "spec": spec, "padding_side": getattr(tok, "padding_side", None)})
     routed = any(type(m).__name__ == "Router" for m in model.modules())
-    blob = json.dumps({"tokenizers": parts, "task": task if routed else None, "max_length": max_length},
-                      sort_keys=True, default=str)
+    identity = {"tokenizers": parts, "task": task if routed else None, "max_length": max_length}
+    prompt = task_prompt(model, task)
+    if prompt:  # only then: stores of models without prompts keep their digests
+        identity["prompt"] = prompt
+    blob = json.dumps(identity, sort_keys=True, default=str)
     return {"sha256": hashlib.sha256(blob.encode()).hexdigest(), "task": task if routed else None,
             "max_length": max_length}
 
 
 def tokenize(model, texts: list[str], *, task: str, max_length: int) -> tuple[np.ndarray, np.ndarray, dict]:
-    """``(ids, lengths, layout)`` of ``texts`` as the model's ``preprocess`` tokenizes them, padding removed."""
-    features = model.preprocess(list(texts), task=task, max_length=max_length)
+    """``(ids, lengths, layout)`` of ``texts`` as the model's ``preprocess`` tokenizes them for ``encode_query`` or
+    ``encode_document`` (the task's prompt included, :func:`task_prompt`), padding removed."""
+    features = model.preprocess(list(texts), prompt=task_prompt(model, task), task=task, max_length=max_length)
     if "attention_mask" not in features and "offsets" in features:  # an embedding bag (StaticEmbedding): flat ids
         ids = features["input_ids"].numpy().astype(np.int32)
         ends = np.append(features["offsets"].numpy()[1:], len(ids)).astype(np.int64)

@@ -309,13 +309,10 @@ class OnnxEncoder:
 
         return torch.device("cpu")
 
-    def _prompt(self, names: tuple[str, ...]) -> str:
-        prompts = self.model.prompts or {}
-        for name in names:
-            if name in prompts:
-                return prompts[name]
-        default = self.model.default_prompt_name
-        return prompts.get(default, "") if default else ""
+    def _prompt(self, task: str) -> str:
+        from pgrank.data.token_store import task_prompt
+
+        return task_prompt(self.model, task) or ""
 
     def _feed(self, text: str) -> dict[str, np.ndarray]:
         features = _features(self.model, [text])
@@ -350,10 +347,10 @@ class OnnxEncoder:
         return out
 
     def encode_query(self, texts, **_) -> np.ndarray:
-        return self._encode(list(texts), self._prompt(("query",)))
+        return self._encode(list(texts), self._prompt("query"))
 
     def encode_document(self, texts, **_) -> np.ndarray:
-        return self._encode(list(texts), self._prompt(("document", "passage", "corpus")))
+        return self._encode(list(texts), self._prompt("document"))
 
 
 class AutocastEncoder:

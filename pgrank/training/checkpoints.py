@@ -44,8 +44,9 @@ def save_model(model: Any, path: Path, meta: dict, *, document_model: Any | None
     to_save = model
     if document_model is not None:
         router = Router.for_query_document(query_modules=list(model), document_modules=list(document_model))
-        to_save = SentenceTransformer(modules=[router], device=str(next(model.parameters()).device))
-        to_save.similarity_fn_name = model.similarity_fn_name
+        to_save = SentenceTransformer(modules=[router], device=str(next(model.parameters()).device),
+                                      prompts=dict(model.prompts or {}), default_prompt_name=model.default_prompt_name)
+        to_save.similarity_fn_name = model.similarity_fn_name  # and the warm start's prompts, as training applied them
     with atomic_path(path, directory=True) as tmp, _saved_as_loaded(model, document_model):
         to_save.save(str(tmp), safe_serialization=True)
         (tmp / CHECKPOINT_META).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
@@ -214,6 +215,7 @@ def query_route(model: Any) -> Any:
 
     if not isinstance(model[0], Router):
         return model
-    plain = SentenceTransformer(modules=list(model[0].sub_modules["query"]), device=str(next(model.parameters()).device))
+    plain = SentenceTransformer(modules=list(model[0].sub_modules["query"]), device=str(next(model.parameters()).device),
+                                prompts=dict(model.prompts or {}), default_prompt_name=model.default_prompt_name)
     plain.similarity_fn_name = model.similarity_fn_name
     return plain

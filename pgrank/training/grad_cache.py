@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from pgrank.data.token_store import TokenRows
+from pgrank.data.token_store import TokenRows, task_prompt
 from pgrank.models.packing import Chunk, autocast, chunks_of, packs, run_chunk, scatter
 
 
@@ -79,8 +79,8 @@ def encode(
     """
     from sentence_transformers.util import batch_to_device
 
-    device = model_device(model)
-    features = model.preprocess(list(texts), task=task, max_length=max_length)
+    device = model_device(model)  # the task's prompt, as encode_query / encode_document apply it
+    features = model.preprocess(list(texts), prompt=task_prompt(model, task), task=task, max_length=max_length)
     features = batch_to_device(features, device)
     with autocast(device, amp):
         out = (forward or model)(features, task=task)

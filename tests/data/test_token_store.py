@@ -64,6 +64,33 @@ def test_an_interrupted_build_resumes_from_its_finished_parts(tmp_path, tiny, mo
     assert np.array_equal(np.asarray(resumed.offsets), np.asarray(fresh.offsets))
 
 
+def test_a_models_prompts_are_in_its_ids_as_encode_query_and_encode_document_put_them(tmp_path, tiny_model_dir):
+    from sentence_transformers import SentenceTransformer
+
+    plain = SentenceTransformer(str(tiny_model_dir), device="cpu")
+    prompted = SentenceTransformer(str(tiny_model_dir), device="cpu",
+                                   prompts={"query": "query: ", "document": "passage: "})
+    for task, prompt in (("query", "query: "), ("document", "passage: ")):
+        ids, lengths, layout = tokenize(prompted, TEXTS[:3], task=task, max_length=12)
+        expected = prompted.preprocess(TEXTS[:3], prompt=prompt, task=task, max_length=12)
+        assert ids.tolist() == expected["input_ids"][expected["attention_mask"].bool()].tolist()
+        assert layout["prompt_length"] == expected["prompt_length"] == 3  # [CLS] and the prompt's two tokens
+        assert tokenizer_identity(prompted, task, 12)["sha256"] != tokenizer_identity(plain, task, 12)["sha256"]
+    assert tokenizer_identity(prompted, "query", 12) != tokenizer_identity(prompted, "document", 12)
+    # an empty prompt is no prompt: the ids, and so the store's identity, are the plain model's
+    empty = SentenceTransformer(str(tiny_model_dir), device="cpu", prompts={"query": "", "document": ""})
+    assert tokenizer_identity(empty, "query", 12) == tokenizer_identity(plain, "query", 12)
+    assert tokenize(empty, TEXTS[:3], task="query", max_length=12)[0].tolist() == \
+        tokenize(plain, TEXTS[:3], task="query", max_length=12)[0].tolist()
+    # a default prompt applies to a task without its own, as sentence-transformers applies it
+    default = SentenceTransformer(str(tiny_model_dir), device="cpu", prompts={"query": "q: ", "all": "text: "},
+                                  default_prompt_name="all")
+    default.prompts.pop("document")  # the folder's own empty "document" prompt would take precedence
+    assert tokenize(default, ["rivers"], task="document", max_length=12)[0].tolist() == \
+        default.preprocess(["rivers"], prompt="text: ", max_length=12)["input_ids"][0].tolist()
+    np.testing.assert_allclose(default.encode_document(["rivers"]), default.encode(["rivers"], prompt="text: "))
+
+
 def test_another_tokenizer_is_refused(tmp_path, tiny, tiny_model_dir):
     from sentence_transformers import SentenceTransformer
 

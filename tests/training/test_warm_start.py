@@ -35,3 +35,33 @@ def test_the_policy_its_kl_reference_and_its_document_side_come_from_one_read(tm
     result = train(params, paths, str(tiny_model_dir), device="cpu", progress=False)
     assert read == [str(tiny_model_dir)]
     assert sorted(p.name for p in result.model_dir.iterdir()) == ["epoch-0", "epoch-1", "epoch-2"]
+
+
+def test_a_warm_starts_prompts_are_trained_on_and_kept_by_its_query_tower_checkpoint(tmp_path, tiny_model_dir):
+    """A warm start with prompts (E5, BGE and the like): training encodes its texts with the prompts that
+    ``encode_query`` / ``encode_document`` put before them, and the ``tower: query`` checkpoint (a ``Router`` of the
+    trained route and the frozen one) keeps them, so that it encodes as the model that was trained."""
+    import numpy as np
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    from pgrank.training.checkpoints import query_route, save_model
+    from pgrank.training.grad_cache import encode
+
+    texts = ["what causes a fever", "glaciers melt in summer"]
+    prompts = {"query": "query: ", "document": "passage: "}
+    policy = SentenceTransformer(str(tiny_model_dir), device="cpu", prompts=prompts).eval()
+    documents = SentenceTransformer(str(tiny_model_dir), device="cpu", prompts=prompts).eval()
+    with torch.no_grad():
+        for task, reference in (("query", policy.encode_query), ("document", policy.encode_document)):
+            np.testing.assert_allclose(encode(policy, texts, task=task, max_length=32).numpy(),
+                                       reference(texts, convert_to_numpy=True), atol=1e-5)
+        assert not np.allclose(encode(policy, texts, task="query", max_length=32).numpy(),
+                               policy.encode(texts, convert_to_numpy=True), atol=1e-4)  # the prompt matters
+
+    save_model(policy, tmp_path / "checkpoint", {"epoch": 1}, document_model=documents)
+    loaded = SentenceTransformer(str(tmp_path / "checkpoint"), device="cpu")
+    assert {k: v for k, v in loaded.prompts.items() if v} == prompts
+    np.testing.assert_allclose(loaded.encode_query(texts), policy.encode_query(texts), atol=1e-5)
+    np.testing.assert_allclose(loaded.encode_document(texts), documents.encode_document(texts), atol=1e-5)
+    assert query_route(loaded).prompts["query"] == "query: "

@@ -51,7 +51,7 @@ def encode_documents(model: "SentenceTransformer", texts: list[str], *, batch_si
 def encodes_tokens(model, task: str = "document") -> bool:
     """Whether ``model`` encodes pre-tokenized ids exactly as ``encode`` encodes strings: a PyTorch
     sentence-transformers model with a tokenizer (not an ONNX or OpenVINO export) and no prompt for ``task``
-    (``preprocess`` adds none; ``encode`` would)."""
+    (a model with prompts encodes its corpus through ``encode_document``, which applies them itself)."""
     import torch
 
     from pgrank.data.token_store import text_modules
