@@ -298,16 +298,22 @@ def test_a_corpus_encodes_through_its_token_store_in_packed_token_budget_chunks(
     np.testing.assert_allclose(np.concatenate([b for _, b in emb.blocks()]), direct, rtol=2e-3, atol=2e-3)
 
 
-def test_a_model_with_a_document_prompt_encodes_strings_as_encode_does(tmp_path, tiny_model_dir):
-    from pgrank.retrieval.dense.encoding import encodes_tokens
-
+@pytest.mark.parametrize("include_prompt", [True, False])
+def test_a_model_with_a_document_prompt_encodes_its_token_store_as_encode_document_does(tmp_path, tiny_model_dir,
+                                                                                         monkeypatch, include_prompt):
+    """The store holds the prompt's ids before each text; pooling that leaves the prompt out reads its length."""
     model = load_encoder(str(tiny_model_dir), ModelsConfig(), device="cpu")
-    assert encodes_tokens(model)
-    model.prompts = {"document": "passage: "}  # encode prepends it; a token store holds the bare texts
-    assert not encodes_tokens(model)
+    model.prompts = {"document": "passage: "}
+    model[1].include_prompt = include_prompt
     store = _corpus_store(tmp_path)
+    texts = [document_text(d) for d in CORPUS.values()]
+    direct = model.encode_document(texts, batch_size=8)
+    assert not np.allclose(direct, model.encode(texts, batch_size=8), atol=2e-3)  # the prompt matters
+    model[1].include_prompt = not include_prompt
+    assert not np.allclose(direct, model.encode_document(texts, batch_size=8), atol=2e-3)  # and whether it is pooled
+    model[1].include_prompt = include_prompt
+    monkeypatch.setattr(embeddings, "encode_documents", lambda *a, **k: pytest.fail("strings encoded"))
     emb = build_corpus_embeddings(lambda: model, "tiny", store, tmp_path / "emb", corpus_sha256=store.sha256,
                                   max_seq_length=64, batch_size=8, chunk_size=16, show_progress=False,
-                                  tokens=lambda m: pytest.fail("a prompted model read token ids"))
-    direct = model.encode_document([document_text(d) for d in CORPUS.values()], batch_size=8)
+                                  tokens=lambda m: _token_store(m, store, tmp_path / "tok"))
     np.testing.assert_allclose(np.concatenate([b for _, b in emb.blocks()]), direct, rtol=2e-3, atol=2e-3)

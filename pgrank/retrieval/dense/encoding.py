@@ -50,8 +50,9 @@ def encode_documents(model: "SentenceTransformer", texts: list[str], *, batch_si
 
 def encodes_tokens(model, task: str = "document") -> bool:
     """Whether ``model`` encodes pre-tokenized ids exactly as ``encode`` encodes strings: a PyTorch
-    sentence-transformers model with a tokenizer (not an ONNX or OpenVINO export) and no prompt for ``task``
-    (a model with prompts encodes its corpus through ``encode_document``, which applies them itself)."""
+    sentence-transformers model with a tokenizer (not an ONNX or OpenVINO export). A token store holds the task's
+    prompt as ``encode_document`` puts it (:func:`pgrank.data.token_store.task_prompt`), and its layout the prompt's
+    length for pooling that leaves the prompt out."""
     import torch
 
     from pgrank.data.token_store import text_modules
@@ -59,10 +60,7 @@ def encodes_tokens(model, task: str = "document") -> bool:
     if not isinstance(model, torch.nn.Module):  # pgrank's own ONNX encoder (pgrank.models.backends)
         return False
     modules = text_modules(model)
-    if not modules or not all(isinstance(getattr(m, "auto_model", None), torch.nn.Module) for m in modules):
-        return False
-    prompts = getattr(model, "prompts", None) or {}
-    return not prompts.get(task) and not getattr(model, "default_prompt_name", None)
+    return bool(modules) and all(isinstance(getattr(m, "auto_model", None), torch.nn.Module) for m in modules)
 
 
 def encode_token_rows(model, rows: "TokenRows", layout: dict, *, budget: int, task: str = "document") -> np.ndarray:
