@@ -255,6 +255,9 @@ def _qualifier(record: dict, path: Path) -> str:
     if variants:
         seeds = max(v.get("seeds", 1) for v in variants.values())
         return f"{', '.join(variants)} ({seeds} seed{'s' if seeds != 1 else ''})"
+    if "int8_isa" in record:  # bench/backends.py: what the CPU it ran on offers
+        isa = "AMX-BF16" if record.get("amx_bf16") else "AVX-512 VNNI" if record.get("avx512_vnni") else "AVX2 alone"
+        return f"a CPU with {isa}"
     if record.get("revisions"):
         first, last = record["revisions"][0]["mean_seconds"], record["revisions"][-1]["mean_seconds"]
         return f"the last `--rev` {'slower' if last > first else 'faster'} than the first"
