@@ -48,7 +48,7 @@ def encode_documents(model: "SentenceTransformer", texts: list[str], *, batch_si
     return np.asarray(emb, dtype=np.float32)
 
 
-def encodes_tokens(model, task: str = "document") -> bool:
+def encodes_tokens(model) -> bool:
     """Whether ``model`` encodes pre-tokenized ids exactly as ``encode`` encodes strings: a PyTorch
     sentence-transformers model with a tokenizer (not an ONNX or OpenVINO export). A token store holds the task's
     prompt as ``encode_document`` puts it (:func:`pgrank.data.token_store.task_prompt`), and its layout the prompt's
