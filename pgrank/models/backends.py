@@ -51,6 +51,7 @@ import numpy as np
 from pgrank.atomic import atomic_path, exclusive, lock_file, write_json
 from pgrank.data.artifact_meta import META
 from pgrank.data.checksums import file_sha256
+from pgrank.data.token_store import task_prompt
 from pgrank.errors import PgrankError
 from pgrank.models.loading import on_cuda
 
@@ -309,11 +310,6 @@ class OnnxEncoder:
 
         return torch.device("cpu")
 
-    def _prompt(self, task: str) -> str:
-        from pgrank.data.token_store import task_prompt
-
-        return task_prompt(self.model, task) or ""
-
     def _feed(self, text: str) -> dict[str, np.ndarray]:
         features = _features(self.model, [text])
         return {n: features[n].numpy().astype(np.int64) for n in self.inputs}
@@ -347,10 +343,10 @@ class OnnxEncoder:
         return out
 
     def encode_query(self, texts, **_) -> np.ndarray:
-        return self._encode(list(texts), self._prompt("query"))
+        return self._encode(list(texts), task_prompt(self.model, "query") or "")
 
     def encode_document(self, texts, **_) -> np.ndarray:
-        return self._encode(list(texts), self._prompt("document"))
+        return self._encode(list(texts), task_prompt(self.model, "document") or "")
 
 
 class AutocastEncoder:

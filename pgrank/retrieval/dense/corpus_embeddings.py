@@ -59,6 +59,8 @@ log = logging.getLogger(__name__)
 FORMAT = "pgrank-corpus-embeddings/1"
 
 
+VECTORS = np.float16  # what embeddings are stored as, in an artifact's shards and in a subset's memory map
+
 def _shard_path(folder: Path, i: int) -> Path:
     return folder / f"shard-{i:05d}.npy"
 
@@ -137,7 +139,7 @@ def _shard_done(path: Path, rows: int, dim: int | None) -> bool:
         arr = np.load(path, mmap_mode="r")
     except (ValueError, OSError):
         return False
-    return arr.dtype == np.float16 and arr.shape[0] == rows and (dim is None or arr.shape[1] == dim)
+    return arr.dtype == VECTORS and arr.shape[0] == rows and (dim is None or arr.shape[1] == dim)
 
 
 def _start_or_resume(folder: Path, plan: dict) -> None:
@@ -258,7 +260,7 @@ def _build(load_model, model_key, num_docs: int, texts, folder: Path, *, corpus_
                 raise DataError(f"{folder}: shard {i} has dimension {emb.shape[1]}, earlier shards {dim}")
             dim = emb.shape[1]
             with atomic_path(_shard_path(folder, i)) as tmp, open(tmp, "wb") as fh:
-                np.save(fh, emb.astype(np.float16))
+                np.save(fh, emb.astype(VECTORS))
             bar.update(rows_of[i])
     finally:
         bar.close()
@@ -266,7 +268,7 @@ def _build(load_model, model_key, num_docs: int, texts, folder: Path, *, corpus_
             model.stop_multi_process_pool(pool)
             model.to(home)
 
-    meta = dict(plan, format=FORMAT, dim=dim, dtype="float16", num_shards=num_shards)
+    meta = dict(plan, format=FORMAT, dim=dim, dtype=np.dtype(VECTORS).name, num_shards=num_shards)
     write_json(folder / META, meta)
     return open_corpus_embeddings(folder)
 
@@ -348,8 +350,8 @@ class SubsetEmbeddings:
             emb = encode_documents(model, store.texts(part), batch_size=batch_size)
             if self._vectors is None:
                 self._vectors = np.lib.format.open_memmap(Path(self._tmp.name) / "vectors.npy", mode="w+",
-                                                          dtype=np.float16, shape=(len(self.rows), emb.shape[1]))
-            self._vectors[lo : lo + len(part)] = emb.astype(np.float16)
+                                                          dtype=VECTORS, shape=(len(self.rows), emb.shape[1]))
+            self._vectors[lo : lo + len(part)] = emb.astype(VECTORS)
             bar.update(len(part))
         bar.close()
         self.dim = 0 if self._vectors is None else self._vectors.shape[1]

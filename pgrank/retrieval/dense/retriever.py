@@ -96,6 +96,7 @@ class DenseRetriever:
         from pgrank.models.backends import effective_backend
         from pgrank.models.names import resolve_model
         from pgrank.retrieval.dense.corpus_embeddings import (
+            VECTORS,
             SubsetEmbeddings,
             corpus_embedding_folder,
             model_corpus_embeddings,
@@ -107,13 +108,12 @@ class DenseRetriever:
         # Models are resolved (offline copy found, safetensors only, checksum) before the corpus store is
         # built: a bad model is reported without first writing the store into {paths.data}/.stores.
         document_ref = resolve_model(system.document_model, params.models)
-        query_ref = document_ref if self._same_model else resolve_model(system.query_model, params.models)
+        if not self._same_model:
+            resolve_model(system.query_model, params.models)
         self.store = open_corpus(paths, dataset, progress=progress)
         self.doc_ids = self.store.ids
         backend = effective_backend(document_ref, params.models)
-        # what ``metrics.json`` records of how its figures were computed (the model card states it)
-        self.encoding = {"queries": backend if self._same_model else effective_backend(query_ref, params.models),
-                         "documents": backend, "document_vectors": "float16"}
+        self._query_backend, self._documents = None, {"documents": backend, "document_vectors": np.dtype(VECTORS).name}
         artifact = corpus_embedding_folder(document_ref, backend, paths, max_seq_length=max_seq_length,
                                            corpus_sha256=self.store.sha256)
         if candidates is not None and not (artifact / META).is_file():
@@ -135,9 +135,16 @@ class DenseRetriever:
         from pgrank.models.backends import load_inference_encoder
 
         if self._query_model is None:
-            self._query_model, _ = load_inference_encoder(self.system.query_model, self.params.models, self.paths,
+            self._query_model, self._query_backend = load_inference_encoder(self.system.query_model, self.params.models, self.paths,
                                                           max_seq_length=self.max_seq_length)
         return self._query_model
+
+    @property
+    def encoding(self) -> dict:
+        """How this retriever's figures were computed, as ``metrics.json`` records it (the model card states it):
+        the backend its queries ran under (``None`` until it encoded some), its documents' backend and the precision
+        their embeddings are stored at."""
+        return {"queries": self._query_backend, **self._documents}
 
     def _document_model(self):
         from pgrank.models.backends import load_inference_encoder
