@@ -26,7 +26,7 @@ import os
 import time
 from pathlib import Path
 
-from record import add_out_option, new_record, save, table
+from record import add_mirror_option, add_out_option, add_set_option, new_record, save, table
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ("datasets", "splits", "training-sets")  # built once, linked into every run's root
@@ -40,12 +40,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line: ``--profile`` and the repeatable ``--set KEY=VALUE`` go to every run's params."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", type=Path, required=True)
-    parser.add_argument("--mirror", default=os.environ.get("PGRANK_BEIR_MIRROR"),
-                        help="BEIR mirror folder or URL (default: PGRANK_BEIR_MIRROR, else the profile's data.mirror)")
+    add_mirror_option(parser, required=False)
     parser.add_argument("--profile", default="compare", help="profiles/NAME.yaml laid over params.yaml")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="an override for every run (and the shared setup), e.g. data.train=nfcorpus/train "
-                             "(repeatable)")
+    add_set_option(parser, "data.train=nfcorpus/train", "every run (and the shared setup)")
     parser.add_argument("--rates", type=float, nargs="+", default=[1e-5, 3e-5, 1e-4])
     parser.add_argument("--objectives", nargs="+", default=None, help="default: the profile's train.objectives")
     parser.add_argument("--extend", type=int, default=2, help="times the grid may grow past an edge (x3 or /3 each)")

@@ -15,7 +15,6 @@ download server; default ``$PGRANK_BEIR_MIRROR``)
 from __future__ import annotations
 
 import argparse
-import os
 import tempfile
 import time
 
@@ -29,7 +28,7 @@ from pgrank.download.beir_datasets import fetch_dataset, read_sha256sums
 from pgrank.download.mirror import resolve_source
 from pgrank.models.loading import load_encoder
 from pgrank.paths import Paths
-from record import add_out_option, new_record, save, table
+from record import add_mirror_option, add_out_option, new_record, save, table
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 TITLE = "What storing corpus embeddings as float16 costs in nDCG@10 (all-MiniLM-L6-v2, float32 against float16)"
@@ -43,9 +42,7 @@ def search(queries: np.ndarray, corpus: np.ndarray, ranks: np.ndarray, k: int) -
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mirror", default=os.environ.get("PGRANK_BEIR_MIRROR"),
-                        required="PGRANK_BEIR_MIRROR" not in os.environ,
-                        help="a local copy of BEIR's download server (default: $PGRANK_BEIR_MIRROR)")
+    add_mirror_option(parser)
     parser.add_argument("--max-seq-length", type=int, default=256)
     parser.add_argument("--datasets", nargs="+", default=["scifact", "nfcorpus"])
     add_out_option(parser, __file__)

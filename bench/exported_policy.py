@@ -8,11 +8,14 @@ evaluation set of the profile (``data.eval_sets``), on the queries pgrank evalua
   ``encode_query`` and ``encode_document``;
 * **first stage**: encodes the whole corpus with ``encode_document`` and takes each query's 100 best documents.
 
-nDCG@10 of those runs (pytrec_eval, as pgrank evaluates) is compared with the ``metrics.json`` that ``pgrank
-evaluate`` wrote for the same policy and stage. pgrank's evaluation may run a faster inference backend
+The policy's warm start is searched the same way, loaded as plain ``SentenceTransformer`` from the folder pgrank
+resolves it to (a ``tower: query`` policy's document route is the warm start, so their corpus embeddings are computed
+once). nDCG@10 of those runs (pytrec_eval, as pgrank evaluates) is compared with the ``metrics.json`` that ``pgrank
+evaluate`` wrote for the same system and stage. pgrank's evaluation may run a faster inference backend
 (``models.backend``; the demo's ``auto`` picks ONNX int8 on a CPU) and reads corpus embeddings stored at float16;
-plain sentence-transformers runs the exported weights in float32. The record holds both figures and their
-difference per set and stage.
+plain sentence-transformers runs the weights in float32. The record holds, per set and stage, both figures of the
+policy and their difference, and the policy's gain over its warm start under each: whether what pgrank reported
+holds for someone who loads both models in plain float32.
 
 Example:
     $ python bench/exported_policy.py --profile demo --set paths.root=runs/demo-fresh \\
@@ -34,7 +37,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT))
 
-from record import add_out_option, new_record, save, table  # noqa: E402
+from record import add_out_option, add_set_option, new_record, save, set_args, table  # noqa: E402
 
 TOP_K = 100
 
@@ -43,34 +46,41 @@ import json, sys
 import torch
 from sentence_transformers import SentenceTransformer
 
-folder, task_file, out = sys.argv[1:]
+policy_folder, task_file, out = sys.argv[1:]
 task = json.load(open(task_file))
-model = SentenceTransformer(folder, device="cpu")
-q = model.encode_query(task["queries"], batch_size=64, convert_to_tensor=True)
 docs = [json.loads(line) for line in open(task["corpus"])]
-d = model.encode_document([t for _, t in docs], batch_size=64, convert_to_tensor=True)
-scores = model.similarity(q, d)
 ids = [i for i, _ in docs]
 where = {i: j for j, i in enumerate(ids)}
-rerank = {qid: {doc: float(scores[n, where[doc]]) for doc in task["candidates"][qid]}
-          for n, qid in enumerate(task["qids"])}
-best = torch.topk(scores, min(task["top_k"], len(ids)), dim=1)
-full = {qid: {ids[j]: float(s) for s, j in zip(best.values[n].tolist(), best.indices[n].tolist())}
-        for n, qid in enumerate(task["qids"])}
-json.dump({"rerank": rerank, "full": full, "pgrank_imported": any(m.split(".")[0] == "pgrank" for m in sys.modules)},
-          open(out, "w"))
+runs, shared = {}, None
+for name, folder, revision in (("policy", policy_folder, None),
+                               ("warm_start", task["warm_start"], task["warm_start_revision"])):
+    model = SentenceTransformer(folder, device="cpu", revision=revision)
+    q = model.encode_query(task["queries"], batch_size=64, convert_to_tensor=True)
+    if shared is None or not task["shared_documents"]:
+        shared = model.encode_document([t for _, t in docs], batch_size=64, convert_to_tensor=True)
+    scores = model.similarity(q, shared)
+    rerank = {qid: {doc: float(scores[n, where[doc]]) for doc in task["candidates"][qid]}
+              for n, qid in enumerate(task["qids"])}
+    best = torch.topk(scores, min(task["top_k"], len(ids)), dim=1)
+    full = {qid: {ids[j]: float(s) for s, j in zip(best.values[n].tolist(), best.indices[n].tolist())}
+            for n, qid in enumerate(task["qids"])}
+    runs[name] = {"rerank": rerank, "full": full}
+runs["pgrank_imported"] = any(m.split(".")[0] == "pgrank" for m in sys.modules)
+json.dump(runs, open(out, "w"))
 """
 
 
-def task_of(params, paths, eval_set: str, system: str, folder: Path) -> tuple[dict, dict, dict]:
+def task_of(params, paths, eval_set: str, systems: dict[str, str], folder: Path) -> tuple[dict, dict, dict]:
     """The plain process's task for one evaluation set (its corpus as a JSONL of ``[id, text]``), its qrels, and
-    pgrank's recorded metrics per stage."""
+    pgrank's recorded metrics per stage of each of ``systems`` (``{"policy": name, "warm_start": name}``)."""
     from pgrank.data.beir import load_topics
     from pgrank.data.candidate_store import open_candidates
     from pgrank.data.corpus_store import open_corpus
 
     dataset, split = eval_set.split("/")
-    recorded = {stage: json.loads((paths.results(system, dataset, split, stage) / "metrics.json").read_text())
+    system = systems["policy"]
+    recorded = {stage: {role: json.loads((paths.results(name, dataset, split, stage) / "metrics.json").read_text())
+                        for role, name in systems.items()}
                 for stage in params.evaluate.stages}
     evaluated = {stage: set(json.loads((paths.results(system, dataset, split, stage) / "per_query.json").read_text()))
                  for stage in params.evaluate.stages}
@@ -92,7 +102,9 @@ def task_of(params, paths, eval_set: str, system: str, folder: Path) -> tuple[di
 def measure(overrides: list[str], profile: str) -> dict:
     from pgrank.config import load_params
     from pgrank.core.trec_eval import evaluate_run, mean_metrics
+    from pgrank.evaluation.systems import warm_start_of
     from pgrank.export.folder import default_policy
+    from pgrank.models.names import resolve_model
     from pgrank.paths import Paths
 
     params = load_params(ROOT / "params.yaml", overrides, profile)
@@ -100,15 +112,21 @@ def measure(overrides: list[str], profile: str) -> dict:
     params = load_params(ws / "params.yaml")
     paths = Paths.from_config(params.paths, base=ws)
     system = default_policy(params, paths)
-    out = {"policy": system, "backend": params.models.backend, "sets": {}}
+    warm = warm_start_of(system)
+    ref = resolve_model(warm, params.models)
+    systems = {"policy": system, "warm_start": warm}
+    out = {"policy": system, "warm_start": warm, "backend": params.models.backend, "tower": params.train.tower,
+           "sets": {}}
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": ""}
     with tempfile.TemporaryDirectory(prefix="exported-policy-") as tmp:
         folder = Path(tmp)
-        cmd = ["pgrank", "--profile", profile, *(a for o in overrides for a in ("--set", o)), "export", "--to",
+        cmd = ["pgrank", "--profile", profile, *set_args(overrides), "export", "--to",
                str(folder / "policy")]
         subprocess.run(cmd, cwd=ROOT, check=True)
         for eval_set in params.data.eval_sets:
-            task, qrels, facts = task_of(params, paths, eval_set, system, folder)
+            task, qrels, facts = task_of(params, paths, eval_set, systems, folder)
+            task.update(warm_start=ref.source, warm_start_revision=ref.revision,
+                        shared_documents=params.train.tower == "query")
             (folder / "task.json").write_text(json.dumps(task))
             subprocess.run([sys.executable, "-c", PLAIN, str(folder / "policy"), str(folder / "task.json"),
                             str(folder / "run.json")], cwd=folder, env=env, check=True)
@@ -117,11 +135,17 @@ def measure(overrides: list[str], profile: str) -> dict:
             stages = {}
             for stage, recorded in facts["recorded"].items():
                 asked = {q: qrels[q] for q in facts["evaluated"][stage]}
-                run = {q: plain[stage][q] for q in asked}
-                _, per_query = evaluate_run(asked, run, (10,), ignore_identical_ids=params.evaluate.ignore_identical_ids)
-                mine, theirs = mean_metrics(per_query)["ndcg@10"], recorded["metrics"]["ndcg@10"]
+                ndcg = {}
+                for role in systems:
+                    run = {q: plain[role][stage][q] for q in asked}
+                    _, per_query = evaluate_run(asked, run, (10,),
+                                                ignore_identical_ids=params.evaluate.ignore_identical_ids)
+                    ndcg[role] = (mean_metrics(per_query)["ndcg@10"], recorded[role]["metrics"]["ndcg@10"])
+                (mine, theirs), (warm_mine, warm_theirs) = ndcg["policy"], ndcg["warm_start"]
                 stages[stage] = {"queries": len(asked), "plain": round(mine, 6), "pgrank": round(theirs, 6),
-                                 "difference": round(mine - theirs, 6)}
+                                 "difference": round(mine - theirs, 6),
+                                 "warm_start_plain": round(warm_mine, 6), "warm_start_pgrank": round(warm_theirs, 6),
+                                 "gain_plain": round(mine - warm_mine, 6), "gain_pgrank": round(theirs - warm_theirs, 6)}
             out["sets"][eval_set] = stages
     return out
 
@@ -130,19 +154,27 @@ def render(record: dict) -> str:
     r = record["result"]
     rows = [(eval_set, stage, s["queries"], f"{s['pgrank']:.4f}", f"{s['plain']:.4f}", f"{s['difference']:+.4f}")
             for eval_set, stages in r["sets"].items() for stage, s in stages.items()]
-    return "\n".join([
+    lines = [
         f"Policy `{r['policy']}` exported and loaded with plain `SentenceTransformer(DIR)` (float32), against "
         f"`pgrank evaluate` (`models.backend: {r['backend']}`, corpus embeddings stored at float16): nDCG@10 on the "
         "queries pgrank evaluated.", "",
         *table(("set", "stage", "queries", "pgrank evaluate", "plain sentence-transformers", "difference"), rows,
-               "llrrrr")])
+               "llrrrr")]
+    gains = [(eval_set, stage, f"{s['warm_start_pgrank']:.4f}", f"{s['warm_start_plain']:.4f}",
+              f"{s['gain_pgrank']:+.4f}", f"{s['gain_plain']:+.4f}")
+             for eval_set, stages in r["sets"].items() for stage, s in stages.items() if "gain_plain" in s]
+    if gains:  # records written before the warm start was searched too hold the policy alone
+        lines += ["", f"The policy's gain over its warm start `{r['warm_start']}`, searched the same two ways "
+                  "(nDCG@10, policy − warm start):", "",
+                  *table(("set", "stage", "warm start, pgrank evaluate", "warm start, plain", "gain, pgrank evaluate",
+                          "gain, plain"), gains, "llrrrr")]
+    return "\n".join(lines)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", required=True, help="the profile whose finished run to check, e.g. demo")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="the params overrides the run was made with (repeatable)")
+    add_set_option(parser, "paths.root=runs/demo-2", "the finished run: the overrides it was made with")
     add_out_option(parser, __file__)
     args = parser.parse_args()
     record = new_record("A trained policy exported and searched with plain sentence-transformers")

@@ -47,6 +47,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 import paper_models  # noqa: E402
 from machine import machine_record  # noqa: E402
+from record import add_set_option  # noqa: E402
 
 LENGTHS = (32, 64, 128, 256, 512)
 ENCODERS = {"gtr-t5-xl": "gtr-t5", "distilbert (sbert, tas-b)": "sbert", "splade": "splade"}
@@ -274,8 +275,7 @@ def main() -> None:
     parser.add_argument("--candidates", type=int, default=None, help="candidates per query (default mine.candidates)")
     parser.add_argument("--skip", nargs="*", default=[], choices=["encoding", "pool", "training", "estimator", "step"])
     parser.add_argument("--lengths", type=int, nargs="*", default=list(LENGTHS), help="text lengths (tokens) to encode")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="a params.yaml override, e.g. train.chunk_tokens=131072 (repeatable)")
+    add_set_option(parser, "train.chunk_tokens=131072")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "gpu.json")
     args = parser.parse_args()
 

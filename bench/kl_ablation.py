@@ -27,7 +27,7 @@ import os
 import time
 from pathlib import Path
 
-from record import add_out_option, new_record, save, table
+from record import add_mirror_option, add_out_option, new_record, save, table
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ("datasets", "splits", "training-sets", "candidates")  # built once, linked into every run's root
@@ -70,9 +70,7 @@ def _metrics(paths, system: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", type=Path, required=True)
-    parser.add_argument("--mirror", default=os.environ.get("PGRANK_BEIR_MIRROR"),
-                        required="PGRANK_BEIR_MIRROR" not in os.environ,
-                        help="a local copy of BEIR's download server (default: $PGRANK_BEIR_MIRROR)")
+    add_mirror_option(parser)
     parser.add_argument("--coefs", type=float, nargs="+", default=[0.0, 0.1, 1.0, 10.0])
     parser.add_argument("--kinds", nargs="+", default=["top1", "ranking"])
     parser.add_argument("--margin", type=float, default=0.005)

@@ -33,7 +33,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from pgrank.config import load_params  # noqa: E402
 from pgrank.paths import Paths  # noqa: E402
-from record import add_out_option, new_record, save, table  # noqa: E402
+from record import add_mirror_option, add_out_option, new_record, save, table  # noqa: E402
 
 TITLE = "pgrank mine: corpus encoding against bare sentence-transformers, BM25 speed, peak memory"
 
@@ -143,9 +143,7 @@ def bench_rss(args, work: Path, data: Path) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mirror", type=Path, default=os.environ.get("PGRANK_BEIR_MIRROR"),
-                        required="PGRANK_BEIR_MIRROR" not in os.environ,
-                        help="a local copy of BEIR's download server (default: $PGRANK_BEIR_MIRROR)")
+    add_mirror_option(parser)
     parser.add_argument("--model", default="minilm", help="model for encoding and dense mining (alias, hub id or folder)")
     parser.add_argument("--docs", type=int, default=256, help="scifact documents encoded for the throughput ratio")
     parser.add_argument("--chunk-size", type=int, default=64, help="documents per shard on the mining path")
@@ -168,7 +166,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="pgrank-bench-") as tmp:
         work = Path(tmp)
         data = work / "data"
-        unzip(args.mirror, data, ["scifact", "nfcorpus"])
+        unzip(Path(args.mirror), data, ["scifact", "nfcorpus"])
         if "encoding" not in skip:
             record["encoding"] = bench_encoding(args, params, data, work)
         if "bm25" not in skip:

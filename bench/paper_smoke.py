@@ -50,6 +50,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 from paper_models import KINDS, build, words  # noqa: E402
+from record import add_set_option, set_args  # noqa: E402
 
 PROFILE = "paper-smoke"
 FOLDER = ROOT / "data" / PROFILE  # profiles/paper-smoke.yaml reads its mirror and models here
@@ -345,8 +346,7 @@ def render(record: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="passed to pgrank (e.g. --set 'data.eval_sets=[msmarco/dev, msmarco/test, nq/test]')")
+    add_set_option(parser, "'data.eval_sets=[msmarco/dev, msmarco/test, nq/test]'", "the pipeline")
     parser.add_argument("--prepare-only", action="store_true", help="write data/paper-smoke/ and stop")
     parser.add_argument("--out", type=Path, default=None,
                         help="also write a record of the run (time, peak RSS and disk per stage kind) to this JSON "
@@ -364,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.prepare_only:
         return 0
     start = time.perf_counter()
-    cmd = ["pgrank", "--profile", PROFILE, *(a for o in args.overrides for a in ("--set", o)), "repro"]
+    cmd = ["pgrank", "--profile", PROFILE, *set_args(args.overrides), "repro"]
     print("+ " + " ".join(cmd), flush=True)
     env = {k: v for k, v in os.environ.items() if k != "PGRANK_BEIR_MIRROR"}  # it would win over data.mirror
     subprocess.run(cmd, cwd=ROOT, env=env, check=True)

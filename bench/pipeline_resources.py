@@ -29,7 +29,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT))
 
-from record import add_out_option, new_record, save  # noqa: E402
+from record import add_out_option, add_set_option, new_record, save, set_args  # noqa: E402
 from stage_resources import disk_bytes, group_table, stage_resources  # noqa: E402
 
 MIB = 2**20
@@ -48,8 +48,7 @@ def render(record: dict) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", required=True, help="the profile to run, e.g. demo")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="a params override passed to pgrank (repeatable)")
+    add_set_option(parser, "train.epochs=2", "the pipeline")
     parser.add_argument("--mirror", type=Path, default=None,
                         help="a BEIR mirror folder (default: $PGRANK_BEIR_MIRROR, else BEIR's server)")
     add_out_option(parser, __file__)
@@ -69,7 +68,7 @@ def main() -> int:
         env["PGRANK_BEIR_MIRROR"] = str(args.mirror.resolve())
     elif env.get("PGRANK_BEIR_MIRROR"):
         env["PGRANK_BEIR_MIRROR"] = str(Path(env["PGRANK_BEIR_MIRROR"]).resolve())
-    cmd = ["pgrank", "--profile", args.profile, *(a for o in args.overrides for a in ("--set", o)), "repro"]
+    cmd = ["pgrank", "--profile", args.profile, *set_args(args.overrides), "repro"]
     print("+ " + " ".join(cmd), flush=True)
     started = time.perf_counter()
     subprocess.run(cmd, cwd=ROOT, env=env, check=True)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 from collections.abc import Callable, Sequence
@@ -35,6 +36,29 @@ def add_out_option(parser: argparse.ArgumentParser, script: str) -> None:
     name = Path(script).stem
     parser.add_argument("--out", type=Path, default=OUT / f"{name}.json",
                         help=f"the JSON record to write (default: bench/out/{name}.json)")
+
+
+def add_mirror_option(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
+    """``--mirror``: a local copy of BEIR's download server, by default ``$PGRANK_BEIR_MIRROR``.
+
+    ``required``: the flag must be given when the variable is not set; otherwise a missing mirror means the
+    profile's own ``data.mirror`` (or BEIR's server)."""
+    env = os.environ.get("PGRANK_BEIR_MIRROR")
+    otherwise = "" if required else ", else the profile's data.mirror"
+    parser.add_argument("--mirror", default=env, required=required and env is None,
+                        help=f"a local copy of BEIR's download server (default: $PGRANK_BEIR_MIRROR"
+                             f"{otherwise})")
+
+
+def add_set_option(parser: argparse.ArgumentParser, example: str = "train.epochs=2", what: str = "every run") -> None:
+    """``--set KEY=VALUE`` (repeatable, into ``args.overrides``): a params override for ``what``, as ``pgrank --set``."""
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help=f"a params override for {what}, e.g. {example} (repeatable)")
+
+
+def set_args(overrides: Sequence[str]) -> list[str]:
+    """``pgrank``'s ``--set`` arguments for ``overrides``."""
+    return [arg for override in overrides for arg in ("--set", override)]
 
 
 def new_record(title: str) -> dict:

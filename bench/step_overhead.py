@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import paper_models  # noqa: E402
-from record import add_out_option, new_record, save, table  # noqa: E402
+from record import add_out_option, add_set_option, new_record, save, table  # noqa: E402
 
 SYNC_OPS = ("aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select", "aten::_unique2",
             "aten::unique_consecutive", "aten::unique_dim", "aten::nonzero_static")
@@ -247,8 +247,7 @@ def main() -> None:
     parser.add_argument("--documents", type=int, default=8192, help="documents in the step (default 8192)")
     parser.add_argument("--queries", type=int, default=8, help="queries, each with documents / queries candidates")
     parser.add_argument("--repeats", type=int, default=1, help="timed steps (the median is reported)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[],
-                        help="a params.yaml override, e.g. train.chunk_tokens=65536 (repeatable)")
+    add_set_option(parser, "train.chunk_tokens=65536", "the step")
     add_out_option(parser, __file__)
     args = parser.parse_args()
     record = new_record("Host overhead of a paper-shape training step (CPU proxy)")

@@ -44,6 +44,7 @@ from compare_lr import run_overrides  # noqa: E402
 from forgetting import HalfDocuments  # noqa: E402
 from kl_ablation import link_shared  # noqa: E402
 from machine import machine_record  # noqa: E402
+from record import add_mirror_option, add_set_option  # noqa: E402
 
 STAGES = ("rerank", "full")
 
@@ -258,12 +259,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", default="demo")
     parser.add_argument("--work", type=Path, required=True)
-    parser.add_argument("--mirror", default=os.environ.get("PGRANK_BEIR_MIRROR"),
-                        help="BEIR mirror folder or URL (default: PGRANK_BEIR_MIRROR, else the profile's data.mirror)")
+    add_mirror_option(parser, required=False)
     parser.add_argument("--variant", action="append", required=True, help='"name: key=value ..." (repeatable)')
     parser.add_argument("--seeds", type=int, nargs="+", default=[42])
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="an override for every variant (and the shared setup), e.g. train.validation_sets=[nfcorpus/dev]")
+    add_set_option(parser, "train.validation_sets=[nfcorpus/dev]", "every variant (and the shared setup)")
     parser.add_argument("--margin", type=float, default=0.005, help="out-of-domain validation loss allowed in the choice")
     parser.add_argument("--test", action="store_true", help="also evaluate every policy on the test sets (reporting only)")
     parser.add_argument("--reuse", action="store_true",

@@ -316,6 +316,18 @@ def test_exported_policy_renders_both_figures_and_their_difference_per_set_and_s
     text = generate._render(as_written(record))
     assert "| scifact/test | rerank | 300 | 0.7318 | 0.7321 | +0.0003 |" in text
     assert "`models.backend: auto`" in text
+    assert "gain over its warm start" not in text  # a record of the policy alone
+
+
+def test_exported_policy_renders_the_policys_gain_over_its_warm_start_both_ways(generate, head):
+    stage = {"queries": 323, "plain": 0.3111, "pgrank": 0.3137, "difference": -0.0026, "warm_start_plain": 0.3135,
+             "warm_start_pgrank": 0.3162, "gain_plain": -0.0024, "gain_pgrank": -0.0025}
+    record = {**head, "command": "python bench/exported_policy.py --profile demo",
+              "result": {"policy": "pgrank-minilm", "warm_start": "minilm", "backend": "auto", "tower": "query",
+                         "sets": {"nfcorpus/test": {"full": stage}}}}
+    text = generate._render(as_written(record))
+    assert "gain over its warm start `minilm`" in text
+    assert "| nfcorpus/test | full | 0.3162 | 0.3135 | -0.0025 | -0.0024 |" in text
 
 
 def test_no_bench_option_defaults_to_a_folder_beside_the_clone():
@@ -332,3 +344,27 @@ def test_no_bench_option_defaults_to_a_folder_beside_the_clone():
                     if kw.arg == "default" and "shared" in ast.unparse(kw.value):
                         offenders.append(f"{path.name}:{node.lineno}")
     assert not offenders
+
+
+def test_the_mirror_and_set_options_read_as_the_scripts_document_them(generate, monkeypatch, capsys):
+    """``--mirror`` defaults to ``$PGRANK_BEIR_MIRROR`` and is required without it where a script needs one;
+    ``--set`` collects ``pgrank`` overrides in order, which ``set_args`` hands back as ``pgrank``'s arguments."""
+    import argparse
+
+    record = script("record")
+
+    def parser(**mirror) -> argparse.ArgumentParser:
+        p = argparse.ArgumentParser()
+        record.add_mirror_option(p, **mirror)
+        record.add_set_option(p)
+        return p
+
+    monkeypatch.delenv("PGRANK_BEIR_MIRROR", raising=False)
+    with pytest.raises(SystemExit):
+        parser().parse_args([])
+    assert "--mirror" in capsys.readouterr().err
+    assert parser(required=False).parse_args([]).mirror is None  # the profile's data.mirror, then BEIR's server
+    monkeypatch.setenv("PGRANK_BEIR_MIRROR", "/srv/beir")
+    args = parser().parse_args(["--set", "train.epochs=2", "--set", "data.train=nfcorpus/train"])
+    assert args.mirror == "/srv/beir"
+    assert record.set_args(args.overrides) == ["--set", "train.epochs=2", "--set", "data.train=nfcorpus/train"]

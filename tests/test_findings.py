@@ -90,6 +90,15 @@ def test_the_demo_rows_equal_the_record():
         assert f"p {demo['test'][cell]['p_warm']:.2f}" in rows, cell
 
 
+def test_the_float32_row_equals_the_record():
+    sets = _record("exported_policy-demo.json")["result"]["sets"]
+    (row,) = _summary_rows()["exported_policy-demo.json"]
+    signed = lambda x: f"{x:+.4f}".replace("-", "−")  # noqa: E731
+    for key in ("gain_pgrank", "gain_plain"):
+        cells = " / ".join(signed(sets[s]["full"][key]) for s in ("scifact/test", "nfcorpus/test", "dbpedia/test"))
+        assert cells in row, (key, cells)
+
+
 def test_the_objectives_row_equals_the_record():
     variants = _record("variants-compare.json")["summary"]["variants"]
     (row,) = _summary_rows()["variants-compare.json"]

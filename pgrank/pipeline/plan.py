@@ -239,8 +239,10 @@ def make_plan(params: Params, paths: Paths, profile: str = "paper") -> Plan:
             run = cfg.for_run(objective, seed)
             if run.tower == "query":
                 docs, emb, note = artifact(warm, ev.max_seq_length, dataset) if full else (0, 0, "")
-            else:
+            elif full:  # the policy's own corpus embeddings
                 docs, emb, note = (n, None if _facts(params, warm)[1] is None else n * _facts(params, warm)[1] * 2, "")
+            else:  # rerank only: the documents of the candidate sets, and no artifact
+                docs, emb, note = min(n, rerank), 0, "rerank only"
             kept = run.kept_inside(ev.policy_epochs)
             subset = 0 if run.tower == "query" else len(kept) * min(n, rerank)  # rerank-only: candidates alone
             stage = (f"evaluate-policy@{warm}-{objective}-{dataset}" if seed is None

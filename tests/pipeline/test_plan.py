@@ -52,6 +52,20 @@ def test_the_demo_plan_equals_counts_done_by_hand(tmp_path):
     assert (total.docs, total.grad_queries, total.rankings) == (5_183 + 3_633 + 5_000, 709 * 4, 709 * 200 * 4)
 
 
+def test_a_rerank_only_tower_both_policy_is_charged_its_candidates_not_its_corpus(tmp_path):
+    # The policy's last epoch and epoch 2 rerank 100 candidates a query. scifact test: 300 queries, 5,183
+    # documents (the candidates may hold them all); dbpedia's report half: 20 queries, 5,000 documents.
+    _, plan = _plan(tmp_path, "demo", "train.tower=both", "evaluate.stages=[rerank]")
+    lines = {line.stage: line for line in plan.lines}
+    for dataset, queries, documents in (("scifact", 300, 5_183), ("dbpedia", 20, 5_000)):
+        policy = lines[f"evaluate-policy@minilm-pg-{dataset}"]
+        assert policy.docs == 2 * min(documents, queries * 100)  # each model encodes the candidates' documents
+        assert policy.disk == 2 * queries * 100 * 45  # two TREC runs, no corpus embeddings
+    _, plan = _plan(tmp_path, "demo", "train.tower=both")
+    policy = {line.stage: line for line in plan.lines}["evaluate-policy@minilm-pg-dbpedia"]
+    assert policy.docs == 5_000 + 2_000 and policy.disk > 5_000 * MINILM[0] * 2  # first stage: its own corpus
+
+
 def test_the_paper_plan_shows_what_5000_rankings_per_epoch_cost(tmp_path):
     params, plan = _plan(tmp_path)
     lines = {line.stage: line for line in plan.lines}
