@@ -115,8 +115,8 @@ def measure(overrides: list[str], profile: str) -> dict:
     warm = warm_start_of(system)
     ref = resolve_model(warm, params.models)
     systems = {"policy": system, "warm_start": warm}
-    out = {"policy": system, "warm_start": warm, "backend": params.models.backend, "tower": params.train.tower,
-           "sets": {}}
+    out = {"policy": system, "warm_start": warm, "backend": params.models.backend,
+           "backends": dict(params.models.backends), "tower": params.train.tower, "sets": {}}
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": ""}
     with tempfile.TemporaryDirectory(prefix="exported-policy-") as tmp:
         folder = Path(tmp)
@@ -154,10 +154,11 @@ def render(record: dict) -> str:
     r = record["result"]
     rows = [(eval_set, stage, s["queries"], f"{s['pgrank']:.4f}", f"{s['plain']:.4f}", f"{s['difference']:+.4f}")
             for eval_set, stages in r["sets"].items() for stage, s in stages.items()]
+    per_model = "".join(f", `models.backends.{name}: {b}`" for name, b in (r.get("backends") or {}).items())
     lines = [
         f"Policy `{r['policy']}` exported and loaded with plain `SentenceTransformer(DIR)` (float32), against "
-        f"`pgrank evaluate` (`models.backend: {r['backend']}`, corpus embeddings stored at float16): nDCG@10 on the "
-        "queries pgrank evaluated.", "",
+        f"`pgrank evaluate` (`models.backend: {r['backend']}`{per_model}, corpus embeddings stored at float16): "
+        "nDCG@10 on the queries pgrank evaluated.", "",
         *table(("set", "stage", "queries", "pgrank evaluate", "plain sentence-transformers", "difference"), rows,
                "llrrrr")]
     gains = [(eval_set, stage, f"{s['warm_start_pgrank']:.4f}", f"{s['warm_start_plain']:.4f}",

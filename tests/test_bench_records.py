@@ -324,8 +324,9 @@ def test_exported_policy_renders_the_policys_gain_over_its_warm_start_both_ways(
              "warm_start_pgrank": 0.3162, "gain_plain": -0.0024, "gain_pgrank": -0.0025}
     record = {**head, "command": "python bench/exported_policy.py --profile demo",
               "result": {"policy": "pgrank-minilm", "warm_start": "minilm", "backend": "auto", "tower": "query",
-                         "sets": {"nfcorpus/test": {"full": stage}}}}
+                         "backends": {"minilm": "onnx"}, "sets": {"nfcorpus/test": {"full": stage}}}}
     text = generate._render(as_written(record))
+    assert "(`models.backend: auto`, `models.backends.minilm: onnx`, corpus embeddings" in text
     assert "gain over its warm start `minilm`" in text
     assert "| nfcorpus/test | full | 0.3162 | 0.3135 | -0.0025 | -0.0024 |" in text
 

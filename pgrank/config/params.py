@@ -120,6 +120,12 @@ def _consistency(params: Params) -> list[tuple[tuple, str]]:
         problems.append(
             (("train", "keep_epochs"), f"epochs {bad_epochs} are beyond train.epochs={params.train.epochs}")
         )
+    backend = params.models.backend
+    if backend.startswith("onnx") and any(params.train.for_run(o, s).tower == "query" for o, s in params.train.runs()):
+        warm = params.train.warm_starts[0] if params.train.warm_starts else "<warm start>"
+        problems.append((("models", "backend"), f"{backend!r} asks ONNX of every model, and a tower: query policy is a "
+                         "query/document Router, which does not export; name the models to run with ONNX under "
+                         f"models.backends (e.g. {{{warm}: {backend}}}) and keep models.backend auto or torch"))
     gate = params.champion
     if gate.gate_set != "frozen" and gate.stage == "rerank" and gate.gate_set not in params.data.eval_sets:
         problems.append((("champion", "gate_set"), f"{gate.gate_set!r} is reranked (champion.stage: rerank), so it must "

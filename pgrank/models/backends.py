@@ -102,8 +102,13 @@ def auto_inference_backend(device: str | None = None, flags: frozenset[str] | No
 
 
 def requested_backend(ref: "ModelRef", models: "ModelsConfig") -> str:
-    """What ``params.yaml`` asks for this model: ``models.backends`` by name or hub id, else ``models.backend``."""
-    return models.backends.get(ref.name) or models.backends.get(ref.hub_id) or models.backend
+    """What ``params.yaml`` asks for this model: ``models.backends`` by name, by hub id or by an alias of that hub id
+    (a policy's checkpoint names its frozen document encoder by hub id, the configuration by alias), else
+    ``models.backend``."""
+    for key in (ref.name, ref.hub_id, *(alias for alias, target in models.aliases.items() if target == ref.hub_id)):
+        if key in models.backends:
+            return models.backends[key]
+    return models.backend
 
 
 def _model_json(ref: "ModelRef", name: str) -> dict | list | None:

@@ -121,3 +121,13 @@ def test_profile_errors_name_the_profile_file_and_line(tmp_path):
     assert f"{tmp_path / 'profiles' / 'small.yaml'}:5: train.pg.temprature: unknown key" in msg
     msg = str(pytest.raises(ConfigError, load_params, tmp_path / "params.yaml", profile="nope").value)
     assert "no profile 'nope'" in msg and "small" in msg
+
+
+def test_an_onnx_backend_for_every_model_is_refused_before_a_query_tower_policy_fails_on_it():
+    """A ``tower: query`` policy is a query/document Router, which does not export to ONNX: asking ONNX of every model
+    is an error at once, naming the key and the per-model form, not at the policy's evaluation after training."""
+    msg = str(pytest.raises(ConfigError, load_params, PARAMS, ["models.backend=onnx"], "demo").value)
+    assert "override --set models.backend=onnx" in msg and "models.backends" in msg and "{minilm: onnx}" in msg
+    demo = load_params(PARAMS, ["models.backends={minilm: onnx-int8}"], "demo")  # the warm start alone: fine
+    assert (demo.models.backend, demo.models.backends) == ("auto", {"minilm": "onnx-int8"})
+    assert load_params(PARAMS, ["models.backend=onnx"]).train.tower == "both"  # the paper's policies export

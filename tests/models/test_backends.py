@@ -56,6 +56,21 @@ def test_backends_per_model_override_the_default(tiny_model_dir):
     assert effective_backend(ref, cfg) == "torch"
 
 
+def test_a_backend_named_by_alias_applies_where_the_model_is_reached_by_its_hub_id(tiny_model_dir):
+    """A ``tower: query`` policy's checkpoint names its frozen document encoder by hub id; ``models.backends`` keyed
+    by the alias the configuration uses must reach it, or the policy's documents run another backend than the warm
+    start's."""
+    from pgrank.models.backends import requested_backend
+
+    hub = "sentence-transformers/all-MiniLM-L6-v2"
+    models = ModelsConfig(aliases={"minilm": hub, "tiny": str(tiny_model_dir)}, backend="auto",
+                          backends={"minilm": "onnx"})
+    by_hub_id = resolve_model(hub, ModelsConfig())  # the name as a checkpoint's pgrank.json records it
+    assert (by_hub_id.name, requested_backend(by_hub_id, models)) == (hub, "onnx")
+    assert requested_backend(resolve_model(str(tiny_model_dir), ModelsConfig()), models) == "auto"
+    assert requested_backend(by_hub_id, ModelsConfig(backends={hub: "torch", "minilm": "onnx"})) == "torch"
+
+
 def test_every_backend_has_its_own_embedding_artifact_and_torch_keeps_the_old_key(tiny_model_dir):
     ref = resolve_model(str(tiny_model_dir), ModelsConfig())
     keys = {b: embedding_key(ref, b, "cpu") for b in ("torch", "torch-bf16", "onnx", "onnx-int8")}
