@@ -101,14 +101,18 @@ def auto_inference_backend(device: str | None = None, flags: frozenset[str] | No
     return "torch-bf16" if "amx_bf16" in flags else "onnx-int8"
 
 
+def _backends_key(ref: "ModelRef", models: "ModelsConfig") -> str | None:
+    """The ``models.backends`` key that names this model: its name, its hub id or an alias of that hub id (a policy's
+    checkpoint names its frozen document encoder by hub id, the configuration by alias); ``None`` if none does."""
+    keys = (ref.name, ref.hub_id, *(alias for alias, target in models.aliases.items() if target == ref.hub_id))
+    return next((key for key in keys if key in models.backends), None)
+
+
 def requested_backend(ref: "ModelRef", models: "ModelsConfig") -> str:
-    """What ``params.yaml`` asks for this model: ``models.backends`` by name, by hub id or by an alias of that hub id
-    (a policy's checkpoint names its frozen document encoder by hub id, the configuration by alias), else
+    """What ``params.yaml`` asks for this model: ``models.backends`` under :func:`_backends_key`, else
     ``models.backend``."""
-    for key in (ref.name, ref.hub_id, *(alias for alias, target in models.aliases.items() if target == ref.hub_id)):
-        if key in models.backends:
-            return models.backends[key]
-    return models.backend
+    key = _backends_key(ref, models)
+    return models.backend if key is None else models.backends[key]
 
 
 def _model_json(ref: "ModelRef", name: str) -> dict | list | None:
@@ -163,7 +167,8 @@ def effective_backend(ref: "ModelRef", models: "ModelsConfig", device: str | Non
         if backend.startswith("onnx") and not exports(ref):
             return "torch"
     elif backend.startswith("onnx") and not exports(ref):
-        raise PgrankError(f"params.yaml: models.backend{'s.' + ref.name if ref.name in models.backends else ''} = {backend!r}: "
+        key = _backends_key(ref, models)
+        raise PgrankError(f"params.yaml: models.backend{'' if key is None else 's.' + key} = {backend!r}: "
                           f"{ref.name} does not export to ONNX (modules other than {sorted(_EXPORTABLE)}, or pooling "
                           "without the prompt's tokens); use torch")
     if backend.startswith("onnx"):

@@ -71,6 +71,14 @@ def test_a_backend_named_by_alias_applies_where_the_model_is_reached_by_its_hub_
     assert requested_backend(by_hub_id, ModelsConfig(backends={hub: "torch", "minilm": "onnx"})) == "torch"
 
 
+def test_a_model_refused_by_its_alias_entry_is_named_by_that_key(tmp_path, tiny_model_dir):
+    folder = _router_model(tmp_path, tiny_model_dir)
+    ref = resolve_model(str(folder), ModelsConfig())  # reached by its folder, configured by an alias of it
+    models = ModelsConfig(aliases={"routed": str(folder)}, backends={"routed": "onnx"})
+    with pytest.raises(PgrankError, match=r"models\.backends\.routed = 'onnx'"):
+        effective_backend(ref, models)
+
+
 def test_every_backend_has_its_own_embedding_artifact_and_torch_keeps_the_old_key(tiny_model_dir):
     ref = resolve_model(str(tiny_model_dir), ModelsConfig())
     keys = {b: embedding_key(ref, b, "cpu") for b in ("torch", "torch-bf16", "onnx", "onnx-int8")}
@@ -122,7 +130,8 @@ def test_onnx_texts_run_in_parallel_give_the_embeddings_of_one_thread_in_order(t
     assert encoder.encode_query([]).shape == (0, one.shape[1])
 
 
-def test_a_model_that_does_not_export_runs_torch_under_auto_and_is_refused_by_name(tmp_path, tiny_model_dir):
+def _router_model(tmp_path, tiny_model_dir) -> Path:
+    """The tiny model with a Router module after it: a model that does not export to ONNX."""
     import shutil
 
     folder = tmp_path / "router-model"
@@ -130,6 +139,11 @@ def test_a_model_that_does_not_export_runs_torch_under_auto_and_is_refused_by_na
     modules = json.loads((folder / "modules.json").read_text())
     modules.append({"idx": len(modules), "name": "2", "path": "2", "type": "sentence_transformers.models.Router"})
     (folder / "modules.json").write_text(json.dumps(modules))
+    return folder
+
+
+def test_a_model_that_does_not_export_runs_torch_under_auto_and_is_refused_by_name(tmp_path, tiny_model_dir):
+    folder = _router_model(tmp_path, tiny_model_dir)
     ref = resolve_model(str(folder), ModelsConfig())
     assert effective_backend(ref, ModelsConfig(backend="auto"), "cpu") in {"torch", "torch-bf16"}
     with pytest.raises(PgrankError, match="does not export to ONNX"):

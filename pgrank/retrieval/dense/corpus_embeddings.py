@@ -61,6 +61,7 @@ FORMAT = "pgrank-corpus-embeddings/1"
 
 VECTORS = np.float16  # what embeddings are stored as, in an artifact's shards and in a subset's memory map
 
+
 def _shard_path(folder: Path, i: int) -> Path:
     return folder / f"shard-{i:05d}.npy"
 

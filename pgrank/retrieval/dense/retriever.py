@@ -135,8 +135,8 @@ class DenseRetriever:
         from pgrank.models.backends import load_inference_encoder
 
         if self._query_model is None:
-            self._query_model, self._query_backend = load_inference_encoder(self.system.query_model, self.params.models, self.paths,
-                                                          max_seq_length=self.max_seq_length)
+            self._query_model, self._query_backend = load_inference_encoder(
+                self.system.query_model, self.params.models, self.paths, max_seq_length=self.max_seq_length)
         return self._query_model
 
     @property
