@@ -12,8 +12,8 @@ The policy's warm start is searched the same way, loaded as plain ``SentenceTran
 resolves it to (a ``tower: query`` policy's document route is the warm start, so their corpus embeddings are computed
 once). nDCG@10 of those runs (pytrec_eval, as pgrank evaluates) is compared with the ``metrics.json`` that ``pgrank
 evaluate`` wrote for the same system and stage. pgrank's evaluation may run a faster inference backend
-(``models.backend``; the demo's ``auto`` picks ONNX int8 on a CPU) and reads corpus embeddings stored at float16;
-plain sentence-transformers runs the weights in float32. The record holds, per set and stage, both figures of the
+(``models.backend``: ``auto`` picks ONNX int8 on a CPU without AMX; the demo runs its warm start on ONNX float32) and
+reads corpus embeddings stored at float16; plain sentence-transformers runs the weights in float32. The record holds, per set and stage, both figures of the
 policy and their difference, and the policy's gain over its warm start under each: whether what pgrank reported
 holds for someone who loads both models in plain float32.
 

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import sys
+from itertools import pairwise
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -233,8 +235,6 @@ def rerunnable(command: str, record_name: str) -> str:
 def _quoted(command: str) -> str:
     """A command recorded unquoted, quoted again: each ``--variant`` or ``--set`` takes the words up to the next
     option as one argument (``--variant 'wise-ft: train.selection.interpolation=[0.25, 0.5, 0.75, 1]'``)."""
-    import shlex
-
     return re.sub(r"(--(?:variant|set)) (.+?)(?= --|$)", lambda m: f"{m[1]} {shlex.quote(m[2])}", command)
 
 
@@ -249,12 +249,27 @@ def _script_title(record: dict) -> str:
     return re.split(r"[:.]\s", plain_code(doc.split("\n\n")[0].replace("\n", " ")), maxsplit=1)[0].rstrip(".")
 
 
+def _command_words(record: dict) -> list[str]:
+    """A record's command as its arguments (a command recorded unquoted is quoted again first)."""
+    command = record.get("command", "")
+    return shlex.split(command if "'" in command or '"' in command else _quoted(command))
+
+
+def _command_sets(record: dict) -> list[str]:
+    """The ``--set`` overrides of a record's command, but those that only move folders (``paths.*``)."""
+    words = _command_words(record)
+    return [value for flag, value in pairwise(words) if flag == "--set" and not value.startswith("paths.")]
+
+
 def _qualifier(record: dict, path: Path) -> str:
-    """What sets a record apart from others of the same title: its variants, its timings or what it measured."""
+    """What sets a record apart from others of the same title: its variants and the overrides its command ran them
+    under, its timings or what it measured."""
     variants = (record.get("summary") or {}).get("variants")
+    sets = _command_sets(record)
     if variants:
         seeds = max(v.get("seeds", 1) for v in variants.values())
-        return f"{', '.join(variants)} ({seeds} seed{'s' if seeds != 1 else ''})"
+        under = f" with `{'`, `'.join(sets)}`" if sets else ""
+        return f"{', '.join(variants)} ({seeds} seed{'s' if seeds != 1 else ''}){under}"
     if "int8_isa" in record:  # bench/backends.py: what the CPU it ran on offers
         isa = "AMX-BF16" if record.get("amx_bf16") else "AVX-512 VNNI" if record.get("avx512_vnni") else "AVX2 alone"
         return f"a CPU with {isa}"
@@ -262,7 +277,10 @@ def _qualifier(record: dict, path: Path) -> str:
         first, last = record["revisions"][0]["mean_seconds"], record["revisions"][-1]["mean_seconds"]
         return f"the last `--rev` {'slower' if last > first else 'faster'} than the first"
     parts = ", ".join(key for key in ("encoding", "pool", "training", "estimators", "step") if record.get(key))
-    overrides = record.get("overrides") or []
+    overrides = record.get("overrides") or sets
+    words = _command_words(record)
+    if not parts and not overrides and "--profile" in words[:-1]:
+        return f"the {words[words.index('--profile') + 1]} profile as committed"
     return (parts + (f" with {', '.join(overrides)}" if overrides else "")).strip() or path.stem
 
 

@@ -90,9 +90,16 @@ def test_the_demo_rows_equal_the_record():
         assert f"p {demo['test'][cell]['p_warm']:.2f}" in rows, cell
 
 
-def test_the_float32_row_equals_the_record():
+def test_the_export_row_states_the_records_largest_difference():
     sets = _record("exported_policy-demo.json")["result"]["sets"]
     (row,) = _summary_rows()["exported_policy-demo.json"]
+    largest = max(abs(s["difference"]) for stages in sets.values() for s in stages.values())
+    assert f"| {largest:.4f} " in row and largest <= 1e-4
+
+
+def test_the_int8_row_equals_the_record():
+    sets = _record("exported_policy-demo-int8.json")["result"]["sets"]
+    (row,) = _summary_rows()["exported_policy-demo-int8.json"]
     signed = lambda x: f"{x:+.4f}".replace("-", "−")  # noqa: E731
     for key in ("gain_pgrank", "gain_plain"):
         cells = " / ".join(signed(sets[s]["full"][key]) for s in ("scifact/test", "nfcorpus/test", "dbpedia/test"))
@@ -168,6 +175,21 @@ def test_every_benchmark_section_has_its_own_title_and_names_its_record():
     for section in text.split("\n## ")[1:]:
         name = re.search(r"\{ #([\w-]+) \}", section).group(1)
         assert re.search(r"`bench/out/[\w.-]+\.json`", section), name
+
+
+def test_records_of_one_title_are_told_apart_by_the_overrides_their_commands_ran_under():
+    generate = _load("generate")
+    variants = {"summary": {"variants": {"demo": {"seeds": 3}}}}
+    records = {
+        Path("a.json"): {**variants, "title": "T", "command": "python bench/variants.py --profile demo --variant demo:"},
+        Path("b.json"): {**variants, "title": "T", "command": "python bench/variants.py --profile demo --set "
+                         "'models.backends={}' --set paths.root=runs/x --variant demo:"},
+        Path("c.json"): {"title": "E", "command": "python bench/exported_policy.py --profile demo --set paths.root=r"},
+        Path("d.json"): {"title": "E", "command": "python bench/exported_policy.py --profile demo --set x.y=[1, 2]"},
+    }
+    assert generate.titles(records) == {
+        Path("a.json"): "T: demo (3 seeds)", Path("b.json"): "T: demo (3 seeds) with `models.backends={}`",
+        Path("c.json"): "E: the demo profile as committed", Path("d.json"): "E: with x.y=[1, 2]"}
 
 
 def test_sphinx_markup_reaches_the_generated_pages_as_plain_code():

@@ -172,11 +172,32 @@ def test_the_card_says_which_backends_computed_its_figures_and_that_plain_float3
                                                   for s in ("rerank", "full")]))[0]
     assert "queries encoded with the `torch` backend, documents with `onnx-int8`, document embeddings stored as " \
            "float16; plain `SentenceTransformer` runs this folder's float32 weights, so its nDCG@10 can differ" in line
+    # float32 ONNX documents compute what plain float32 sentence-transformers computes: no warning
+    onnx = (("document_vectors", "float16"), ("documents", "onnx"), ("queries", "torch"))
+    line = _figures_table(replace(facts, figures=[Figure("scifact", "test", "rerank", 300, 0.73, encoding=onnx)]))[0]
+    assert "documents with `onnx`" in line and "can differ" not in line
     # results written without the record, or under different backends, fall back to the configured backend
     old = _figures_table(replace(facts, figures=[Figure("scifact", "test", "rerank", 300, 0.73, 0.65)]))[0]
     assert "(`models.backend: auto`)" in old
     mixed = [Figure("scifact", "test", "rerank", 300, 0.73, encoding=int8), Figure("nfcorpus", "test", "rerank", 323, 0.3)]
     assert "(`models.backend: auto`)" in _figures_table(replace(facts, figures=mixed))[0]
+
+
+def test_the_committed_demos_export_reproduces_every_figure_it_was_evaluated_at_to_1e4():
+    """The record of ``python bench/exported_policy.py --profile demo``: the demo's policy exported and searched with
+    plain ``SentenceTransformer(DIR)`` in float32, on every evaluation set and stage, against ``pgrank evaluate``;
+    taken under the backends the committed demo profile runs."""
+    from pgrank.config import load_params
+
+    params = load_params(ROOT / "params.yaml", [], "demo")
+    record = json.loads((ROOT / "bench" / "out" / "exported_policy-demo.json").read_text())["result"]
+    assert record["backend"] == params.models.backend and record["backends"] == dict(params.models.backends)
+    assert set(record["sets"]) == set(params.data.eval_sets)
+    for eval_set, stages in record["sets"].items():
+        assert set(stages) == {"rerank", "full"}, eval_set
+        for stage, figures in stages.items():
+            assert abs(figures["plain"] - figures["pgrank"]) <= 1e-4, (eval_set, stage, figures)
+            assert abs(figures["warm_start_plain"] - figures["warm_start_pgrank"]) <= 1e-4, (eval_set, stage, figures)
 
 
 def test_a_hub_model_warm_start_is_the_cards_base_model():
