@@ -13,9 +13,9 @@ resolves it to (a ``tower: query`` policy's document route is the warm start, so
 once). nDCG@10 of those runs (pytrec_eval, as pgrank evaluates) is compared with the ``metrics.json`` that ``pgrank
 evaluate`` wrote for the same system and stage. pgrank's evaluation may run a faster inference backend
 (``models.backend``: ``auto`` picks ONNX int8 on a CPU without AMX; the demo runs its warm start on ONNX float32) and
-reads corpus embeddings stored at float16; plain sentence-transformers runs the weights in float32. The record holds, per set and stage, both figures of the
-policy and their difference, and the policy's gain over its warm start under each: whether what pgrank reported
-holds for someone who loads both models in plain float32.
+reads corpus embeddings stored at float16; plain sentence-transformers runs the weights in float32. The record holds,
+per set and stage, both figures of the policy and their difference, and the policy's gain over its warm start under
+each: whether what pgrank reported holds for someone who loads both models in plain float32.
 
 Example:
     $ python bench/exported_policy.py --profile demo --set paths.root=runs/demo-fresh \\

@@ -255,9 +255,8 @@ def _command_words(record: dict) -> list[str]:
     return shlex.split(command if "'" in command or '"' in command else _quoted(command))
 
 
-def _command_sets(record: dict) -> list[str]:
-    """The ``--set`` overrides of a record's command, but those that only move folders (``paths.*``)."""
-    words = _command_words(record)
+def _command_sets(words: list[str]) -> list[str]:
+    """The ``--set`` overrides among a command's ``words``, but those that only move folders (``paths.*``)."""
     return [value for flag, value in pairwise(words) if flag == "--set" and not value.startswith("paths.")]
 
 
@@ -265,7 +264,8 @@ def _qualifier(record: dict, path: Path) -> str:
     """What sets a record apart from others of the same title: its variants and the overrides its command ran them
     under, its timings or what it measured."""
     variants = (record.get("summary") or {}).get("variants")
-    sets = _command_sets(record)
+    words = _command_words(record)
+    sets = _command_sets(words)
     if variants:
         seeds = max(v.get("seeds", 1) for v in variants.values())
         under = f" with `{'`, `'.join(sets)}`" if sets else ""
@@ -278,7 +278,6 @@ def _qualifier(record: dict, path: Path) -> str:
         return f"the last `--rev` {'slower' if last > first else 'faster'} than the first"
     parts = ", ".join(key for key in ("encoding", "pool", "training", "estimators", "step") if record.get(key))
     overrides = record.get("overrides") or sets
-    words = _command_words(record)
     if not parts and not overrides and "--profile" in words[:-1]:
         return f"the {words[words.index('--profile') + 1]} profile as committed"
     return (parts + (f" with {', '.join(overrides)}" if overrides else "")).strip() or path.stem

@@ -23,6 +23,7 @@ from pgrank.core.significance import TEST_NAMES
 from pgrank.data.artifact_meta import META
 from pgrank.data.beir import load_qrels
 from pgrank.download.catalogue import BEIR_SIZES
+from pgrank.models.backends import FLOAT32_BACKENDS
 from pgrank.paths import CARVED_FILES, CARVED_TRAIN, VALIDATION, Paths, parse_policy_name, split_run_key
 
 CITATION = """@inproceedings{gao2024policy,
@@ -33,9 +34,6 @@ CITATION = """@inproceedings{gao2024policy,
 }"""
 _HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 STAGE_NAMES = {"rerank": "second stage (rerank)", "full": "first stage (full corpus)"}
-# Backends that compute in float32 as plain sentence-transformers does, so its figures match theirs to rounding: ONNX's
-# float32 graph reproduces every figure of the demo (bench/out/exported_policy-demo.json); int8 and bf16 do not.
-FLOAT32_BACKENDS = {"torch", "onnx"}
 
 
 @dataclass(frozen=True)

@@ -64,6 +64,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# The backends that compute in float32, as plain sentence-transformers does, so that their figures match its to
+# rounding: ONNX's float32 graph reproduces every figure of the demo (bench/out/exported_policy-demo.json); int8 and
+# bf16 do not.
+FLOAT32_BACKENDS = frozenset({"torch", "onnx"})
+
 FORMAT = "pgrank-onnx-export/1"
 _EXPORTABLE = {"Transformer", "Pooling", "Normalize", "Dense"}  # sentence-transformers module classes
 _OUTPUT = "sentence_embedding"
