@@ -14,13 +14,13 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 
 from pgrank.config import Params
-from pgrank.data.token_store import TokenStore
+from pgrank.data.token_store import TokenStore, query_tokens
 from pgrank.models.packing import Chunk, chunk_features
 from pgrank.training.batches import Batch, make_batch
 from pgrank.training.grad_cache import token_chunks
@@ -36,6 +36,8 @@ class StepTokens:
     documents: TokenStore | None = None
     anchor: TokenStore | None = None
     validation: dict = field(default_factory=dict)  # tower: both: each train.validation_sets corpus's documents
+    validation_queries: TokenStore | None = None  # the in-domain validation split's queries
+    ood_queries: dict = field(default_factory=dict)  # each train.validation_sets split's queries, by set name
 
 
 @dataclass(frozen=True)
@@ -105,10 +107,15 @@ class Prefetcher:
 
 
 def open_tokens(params: Params, paths, data, models, *, progress: bool = False) -> StepTokens:
-    """A run's token stores (:func:`step_tokens` over its training data and models)."""
-    return step_tokens(params, paths, data.train.store, data.corpus, models.policy,
-                       reference=getattr(models.reference, "model", None),
-                       validation={vs.name: vs.corpus for vs in data.out_of_domain}, progress=progress)
+    """A run's token stores: :func:`step_tokens` over its training data and models, and the queries of its validation
+    splits (in domain and ``train.validation_sets``), which validation reads as token ids."""
+    tokens = step_tokens(params, paths, data.train.store, data.corpus, models.policy,
+                         reference=getattr(models.reference, "model", None),
+                         validation={vs.name: vs.corpus for vs in data.out_of_domain}, progress=progress)
+    length = params.train.max_query_length  # validation reads its queries as token ids too (validate_queries)
+    return replace(tokens, validation_queries=query_tokens(models.policy, paths, data.validation.store, max_length=length),
+                   ood_queries={vs.name: query_tokens(models.policy, paths, vs.examples.store, max_length=length)
+                                for vs in data.out_of_domain})
 
 
 def step_tokens(params: Params, paths, store, corpus, policy, *, reference=None, validation=None,
@@ -117,7 +124,7 @@ def step_tokens(params: Params, paths, store, corpus, policy, *, reference=None,
     tokenizer, built on first use; packing is switched on for the models that encode documents in chunks (the
     policy, and the KL ``reference``) when their architecture packs. ``validation``: ``{name: corpus store}`` of
     the out-of-domain sets, whose documents ``tower: both`` encodes too."""
-    from pgrank.data.token_store import corpus_tokens, query_tokens
+    from pgrank.data.token_store import corpus_tokens
     from pgrank.models.packing import enable_packing_for
 
     cfg = params.train

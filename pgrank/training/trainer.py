@@ -166,7 +166,7 @@ def validated(run: Run) -> dict:
     the nDCG@10 of each query of every set (:mod:`pgrank.core.history`)."""
     data, model = run.data, run.models.policy
     queries = validate_queries(model, data.validation, data.validation_qrels, run.params, frozen=data.frozen,
-                               documents=run.tokens.documents, world=run.world)
+                               documents=run.tokens.documents, queries=run.tokens.validation_queries, world=run.world)
     row: dict = {f"val_{k}": v for k, v in averages(queries).items()}
     per_query = selection.per_query_needed(run.cfg.selection)
     if per_query:
@@ -175,7 +175,8 @@ def validated(run: Run) -> dict:
         row[DISTANCE] = run.anchor.distance(model)
     for vs in data.out_of_domain:
         theirs = validate_queries(model, vs.examples, vs.qrels, run.params, frozen=vs.frozen,
-                                  documents=run.tokens.validation.get(vs.name), world=run.world)
+                                  documents=run.tokens.validation.get(vs.name),
+                                  queries=run.tokens.ood_queries.get(vs.name), world=run.world)
         row.update({set_key(vs.name, k): v for k, v in averages(theirs).items()})
         if per_query:
             row[per_query_set_key(vs.name)] = {q: m[METRIC] for q, m in theirs.items()}

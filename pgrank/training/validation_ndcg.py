@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from pgrank.config import Params
@@ -24,6 +25,7 @@ from pgrank.training.batches import (
     make_batch,
     training_set,
 )
+from pgrank.models.packing import chunk_features, run_features
 from pgrank.training.grad_cache import encode, encode_tokens, token_chunks
 
 
@@ -31,10 +33,11 @@ METRICS = ("ndcg@1", "ndcg@3", "ndcg@5", "ndcg@10", "mrr@10")
 
 
 def validate(model, examples: TrainingSet, qrels, params: Params, *, frozen: FrozenDocuments | None,
-             documents=None, world: distributed.World = distributed.World(), batch_size: int = 64) -> dict[str, float]:
+             documents=None, queries=None, world: distributed.World = distributed.World(),
+             batch_size: int = 64) -> dict[str, float]:
     """The means over queries of :func:`validate_queries` (:func:`averages`)."""
-    return averages(validate_queries(model, examples, qrels, params, frozen=frozen, documents=documents, world=world,
-                                     batch_size=batch_size))
+    return averages(validate_queries(model, examples, qrels, params, frozen=frozen, documents=documents,
+                                     queries=queries, world=world, batch_size=batch_size))
 
 
 def averages(per_query: dict[str, dict[str, float]]) -> dict[str, float]:
@@ -45,15 +48,18 @@ def averages(per_query: dict[str, dict[str, float]]) -> dict[str, float]:
 
 @torch.no_grad()
 def validate_queries(model, examples: TrainingSet, qrels, params: Params, *, frozen: FrozenDocuments | None,
-                     documents=None, world: distributed.World = distributed.World(),
+                     documents=None, queries=None, world: distributed.World = distributed.World(),
                      batch_size: int = 64) -> dict[str, dict[str, float]]:
     """Rerank the validation candidate sets with ``model`` (sorted by score) and evaluate each query.
 
     ``qrels`` are keyed by corpus row (:func:`qrels_by_row`), as the candidate sets are. The candidates are
     ``frozen``'s embeddings (``tower: query``), or ``documents``' token ids (the corpus's token store,
-    ``tower: both``) encoded in chunks of ``train.chunk_tokens``. Sharded under
-    DDP: every rank reranks and evaluates its share of the queries (``rank::size``),
-    and the per-query metrics are gathered, so every rank returns every query's, equal
+    ``tower: both``) encoded in chunks of ``train.chunk_tokens``. ``queries``: the token store of the
+    examples' queries (:func:`pgrank.data.token_store.query_tokens`, as the trainer passes it); the queries are
+    then read as token ids, in batches of ``batch_size`` queries of similar length (sorted, so that a batch pads
+    little), laid out as a training step lays out its queries; without it they are tokenized from their text,
+    in the examples' order. Sharded under DDP: every rank reranks and evaluates its share of the queries
+    (``rank::size``), and the per-query metrics are gathered, so every rank returns every query's, equal
     to a single process's (tested with two gloo processes).
     """
     cfg = params.train
@@ -61,19 +67,26 @@ def validate_queries(model, examples: TrainingSet, qrels, params: Params, *, fro
     model.eval()
     device = next(model.parameters()).device
     per_query: dict[str, dict[str, float]] = {}
-    mine = list(range(world.rank, len(examples), world.size))
+    mine = np.arange(world.rank, len(examples), world.size, dtype=np.int64)
+    if queries is not None:
+        mine = mine[np.argsort(queries.lengths(mine), kind="stable")]
     try:
         for lo in range(0, len(mine), batch_size):
             batch = make_batch(examples.examples(mine[lo : lo + batch_size]), device)
-            q = encode(model, [ex.query for ex in batch.examples], task="query", max_length=cfg.max_query_length, amp=cfg.amp)
+            if queries is None:
+                q = encode(model, [ex.query for ex in batch.examples], task="query", max_length=cfg.max_query_length,
+                           amp=cfg.amp)
+            else:
+                laid_out = chunk_features(queries.gather([ex.row for ex in batch.examples]), queries.features,
+                                          packed=False, device=device)
+                q = run_features(model, laid_out, task="query", amp=cfg.amp)
             if frozen is not None:
                 docs = frozen.vectors(batch.unique_rows, device)
             else:
                 chunks = token_chunks(model, documents.gather(batch.unique_rows), documents.features, cfg.chunk_tokens)
                 docs = encode_tokens(model, chunks, len(batch.unique_rows), task="document", amp=cfg.amp)
-            scores = candidate_scores(q, docs, batch.index, cfg.similarity).cpu()
-            run = {ex.qid: {str(r): float(scores[b, j]) for j, r in enumerate(ex.rows.tolist())}
-                   for b, ex in enumerate(batch.examples)}
+            scores = candidate_scores(q, docs, batch.index, cfg.similarity).cpu().tolist()
+            run = {ex.qid: dict(zip(map(str, ex.rows.tolist()), scores[b])) for b, ex in enumerate(batch.examples)}
             per_query.update(evaluate_run({qid: qrels[qid] for qid in run}, run, ks=(1, 3, 5, 10), mrr_k=10)[1])
     finally:
         model.train(was_training)
