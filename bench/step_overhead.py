@@ -13,6 +13,10 @@ length distribution, with an encoder of DistilBERT's depth and vocabulary at a w
 * ``real_token_fraction``: tokens of text over tokens through the linear layers (``attention_real_fraction``:
   the same inside attention, where a packed chunk is laid into a grid on a CPU; FlashAttention's varlen kernel
   on CUDA wastes nothing there);
+* ``floor_us_per_op``: what the same measure gives for operations issued from Python with nothing else between them
+  (a ``Linear``, an add, a ``LayerNorm`` and three views of a ``(64, 8)`` tensor, in a loop, profiled alike): this
+  CPU's cost of dispatching one operation from Python, which no step layout removes. ``floor_us_per_doc`` is that
+  times ``ops_per_doc``, the part of ``host_us_per_doc`` that only fewer operations per document lower;
 * ``syncs_per_step``: reads of device values by the host (``aten::_local_scalar_dense`` at any depth, data-dependent
   shapes such as ``nonzero``, and ``tolist``/``numpy``/``cpu`` of tensors), which on a GPU each wait for the
   device; reads inside the optimizer's step are not counted (the trainer's fused AdamW makes none; PyTorch's other
@@ -113,6 +117,29 @@ class HostReads:
             setattr(self.torch.Tensor, name, real)
 
 
+def dispatch_floor(loops: int = 1000) -> float:
+    """Microseconds outside the dispatched operations per operation, for a loop that does nothing but issue
+    operations (module calls and views, as an encoder layer issues them), measured as :func:`measure` measures a step."""
+    import torch
+    from torch.profiler import profile
+
+    x = torch.randn(64, 8)
+    linear, norm = torch.nn.Linear(8, 8), torch.nn.LayerNorm(8)
+
+    def issue():
+        for _ in range(loops):
+            x.view(-1, 8).transpose(0, 1).reshape(8, -1)
+            norm(linear(x) + x)
+
+    issue()  # warm-up
+    with profile() as prof:
+        started = time.perf_counter()
+        issue()
+        wall = time.perf_counter() - started
+    ops = top_level_ops(prof)
+    return max(wall - sum(e.cpu_time_total for e in ops) / 1e6, 0.0) / len(ops) * 1e6
+
+
 def measure(n_docs: int, queries: int, overrides: list[str], repeats: int) -> dict:
     import torch
     from torch.profiler import profile
@@ -196,6 +223,7 @@ def measure(n_docs: int, queries: int, overrides: list[str], repeats: int) -> di
                              baseline=pg.baseline, entropy_coef=pg.entropy_coef, entropy=pg.entropy,
                              reference_scores=None, kl_coef=0.0, kl=pg.kl).loss.backward()
         estimator_ops = len(top_level_ops(prof))
+        floor = dispatch_floor()
     wall = statistics.median(walls)
 
     real = sum(c.real for c in inputs.documents)
@@ -211,6 +239,7 @@ def measure(n_docs: int, queries: int, overrides: list[str], repeats: int) -> di
         "host_us_per_doc": round(max(profiled - in_ops, 0.0) / docs * 1e6, 2),
         "wall_us_per_doc": round(wall / docs * 1e6, 1),
         "ops_per_step": len(ops), "estimator_ops": estimator_ops, "ops_per_doc": round(len(ops) / docs, 3),
+        "floor_us_per_op": round(floor, 2), "floor_us_per_doc": round(floor * len(ops) / docs, 2),
         "real_token_fraction": round(real / processed, 4), "attention_real_fraction": round(real / grid, 4),
         "syncs_per_step": syncs, "sync_ops": dict(reads_of_device), "host_reads": reads.count,
         "top_ops": dict(names.most_common(12)),
@@ -234,7 +263,10 @@ def render(record: dict) -> str:
              f"per query. Step {s['wall_s']} s on this CPU (load average {s.get('load_average', '?')} on its "
              f"{record['machine'].get('cores', '?')} cores), {s['in_ops_s']} s of the profiled {s['profiled_s']} s "
              f"inside its {s['ops_per_step']:,} dispatched operations ({s['estimator_ops']} of them the estimator's); "
-             f"laying out its inputs took {s['prepare_s']} s.",
+             f"laying out its inputs took {s['prepare_s']} s."
+             + (f" Issuing an operation from Python costs this CPU {s['floor_us_per_op']} µs outside the operation "
+                f"when nothing else runs between operations: {s['floor_us_per_doc']} µs per document at this step's "
+                f"operations per document." if "floor_us_per_op" in s else ""),
              "",
              *table(("figure", "measured", "goal", ""), rows, "lrll"), "",
              f"Attention's real-token fraction on this CPU's grid layout: {s['attention_real_fraction']}. "

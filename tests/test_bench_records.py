@@ -309,6 +309,24 @@ def test_pipeline_resources_and_paper_smoke_render_each_stage_kind_and_the_disk(
     assert "tables complete" in text and "| download | 1 | 8.0 | 256 |" in text
 
 
+def test_step_overhead_renders_each_goal_and_the_cpus_dispatch_floor(generate, head):
+    step_overhead = script("step_overhead")
+    floor = step_overhead.dispatch_floor(loops=20)
+    assert 0 < floor < 10_000  # microseconds outside the operations, per operation
+    step = {"documents": 8192, "queries": 8, "candidates": 1024, "mean_tokens": 58.1, "chunk_tokens": 262144,
+            "chunks": 3, "packed": True, "estimator": "per_rank", "num_samples": 5000, "wall_s": 19.3,
+            "load_average": 0.7, "in_ops_s": 18.7, "profiled_s": 18.9, "ops_per_step": 3811, "estimator_ops": 278,
+            "prepare_s": 0.011, "host_us_per_doc": 16.32, "ops_per_doc": 0.465, "real_token_fraction": 1.0,
+            "syncs_per_step": 3, "attention_real_fraction": 0.64, "sync_ops": {}, "host_reads": 1,
+            "floor_us_per_op": 15.0, "floor_us_per_doc": round(15.0 * 3811 / 8192, 2)}
+    text = generate._render(as_written({**head, "command": "python bench/step_overhead.py", "step": step}))
+    assert "| `host_us_per_doc` | 16.32 | <= 5 | not met |" in text and "| `syncs_per_step` | 3 | <= 8 | met |" in text
+    assert "costs this CPU 15.0 µs outside the operation" in text and "6.98 µs per document" in text
+    del step["floor_us_per_op"], step["floor_us_per_doc"]  # a record without the floor
+    assert "costs this CPU" not in generate._render(as_written({**head, "command": "python bench/step_overhead.py",
+                                                                "step": step}))
+
+
 def test_exported_policy_renders_both_figures_and_their_difference_per_set_and_stage(generate, head):
     record = {**head, "command": "python bench/exported_policy.py --profile demo",
               "result": {"policy": "pgrank-minilm", "backend": "auto", "sets": {
