@@ -81,6 +81,11 @@ def top_level_ops(prof) -> list:
     return out
 
 
+def seconds_in(ops: list) -> float:
+    """Seconds spent inside these dispatched operations (their CPU time, nested calls included)."""
+    return sum(e.cpu_time_total for e in ops) / 1e6
+
+
 def _in_optimizer(event) -> bool:
     """Whether ``event`` runs inside the optimizer's step, whose step counters are host tensors on every device
     (PyTorch keeps them on the CPU unless ``capturable``): reading them waits for nothing."""
@@ -137,7 +142,7 @@ def dispatch_floor(loops: int = 1000) -> float:
         issue()
         wall = time.perf_counter() - started
     ops = top_level_ops(prof)
-    return max(wall - sum(e.cpu_time_total for e in ops) / 1e6, 0.0) / len(ops) * 1e6
+    return max(wall - seconds_in(ops), 0.0) / len(ops) * 1e6
 
 
 def measure(n_docs: int, queries: int, overrides: list[str], repeats: int) -> dict:
@@ -208,7 +213,7 @@ def measure(n_docs: int, queries: int, overrides: list[str], repeats: int) -> di
         prepare_step(examples, params, tokens, epoch=1, model=model, device=device)
         prepare = time.perf_counter() - started
         ops = top_level_ops(prof)
-        in_ops = sum(e.cpu_time_total for e in ops) / 1e6  # seconds inside dispatched operations
+        in_ops = seconds_in(ops)
         names = collections.Counter(e.name for e in ops)
         reads_of_device = collections.Counter(e.name for e in prof.events() if e.name in SYNC_OPS and not _in_optimizer(e))
         syncs = sum(reads_of_device.values()) + reads.count

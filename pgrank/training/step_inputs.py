@@ -62,15 +62,19 @@ def anchor_rows(batch: Batch, seed: int, epoch: int, k: int) -> np.ndarray:
     return rows[np.sort(np.random.default_rng([seed, epoch, key]).choice(len(rows), size=k, replace=False))]
 
 
+def query_features(store: TokenStore, examples, device: torch.device) -> dict:
+    """The features of ``examples``' queries (their ``row`` in ``store``), in their order: ``preprocess``'s padded
+    layout, as a step feeds its queries to the model (validation too)."""
+    return chunk_features(store.gather([ex.row for ex in examples]), store.features, packed=False, device=device)
+
+
 def prepare_step(examples, params: Params, tokens: StepTokens, *, epoch: int, model,
                  device: torch.device) -> StepInputs:
     """The inputs of a step over ``examples`` (its local share of the batch's queries); ``model``: the policy
     (whether it packs)."""
     cfg = params.train
     batch = make_batch(examples, device)
-    layout = tokens.queries.features
-    queries = chunk_features(tokens.queries.gather([ex.row for ex in batch.examples]), layout, packed=False,
-                             device=device)
+    queries = query_features(tokens.queries, batch.examples, device)
     documents = None
     if cfg.tower == "both":
         rows = tokens.documents.gather(batch.unique_rows)

@@ -176,7 +176,7 @@ def validated(run: Run) -> dict:
     for vs in data.out_of_domain:
         theirs = validate_queries(model, vs.examples, vs.qrels, run.params, frozen=vs.frozen,
                                   documents=run.tokens.validation.get(vs.name),
-                                  queries=run.tokens.ood_queries.get(vs.name), world=run.world)
+                                  queries=run.tokens.ood_queries[vs.name], world=run.world)
         row.update({set_key(vs.name, k): v for k, v in averages(theirs).items()})
         if per_query:
             row[per_query_set_key(vs.name)] = {q: m[METRIC] for q, m in theirs.items()}

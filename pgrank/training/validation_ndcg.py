@@ -25,8 +25,9 @@ from pgrank.training.batches import (
     make_batch,
     training_set,
 )
-from pgrank.models.packing import chunk_features, run_features
+from pgrank.models.packing import run_features
 from pgrank.training.grad_cache import encode, encode_tokens, token_chunks
+from pgrank.training.step_inputs import query_features
 
 
 METRICS = ("ndcg@1", "ndcg@3", "ndcg@5", "ndcg@10", "mrr@10")
@@ -77,9 +78,7 @@ def validate_queries(model, examples: TrainingSet, qrels, params: Params, *, fro
                 q = encode(model, [ex.query for ex in batch.examples], task="query", max_length=cfg.max_query_length,
                            amp=cfg.amp)
             else:
-                laid_out = chunk_features(queries.gather([ex.row for ex in batch.examples]), queries.features,
-                                          packed=False, device=device)
-                q = run_features(model, laid_out, task="query", amp=cfg.amp)
+                q = run_features(model, query_features(queries, batch.examples, device), task="query", amp=cfg.amp)
             if frozen is not None:
                 docs = frozen.vectors(batch.unique_rows, device)
             else:
