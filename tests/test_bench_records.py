@@ -18,6 +18,7 @@ import runpy
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from script_modules import load_script
 
@@ -313,18 +314,38 @@ def test_step_overhead_renders_each_goal_and_the_cpus_dispatch_floor(generate, h
     step_overhead = script("step_overhead")
     floor = step_overhead.dispatch_floor(loops=20)
     assert 0 < floor < 10_000  # microseconds outside the operations, per operation
+    assert 0 < step_overhead.dispatch_floor(loops=2, rows=4096) < 100_000
     step = {"documents": 8192, "queries": 8, "candidates": 1024, "mean_tokens": 58.1, "chunk_tokens": 262144,
             "chunks": 3, "packed": True, "estimator": "per_rank", "num_samples": 5000, "wall_s": 19.3,
             "load_average": 0.7, "in_ops_s": 18.7, "profiled_s": 18.9, "ops_per_step": 3811, "estimator_ops": 278,
             "prepare_s": 0.011, "host_us_per_doc": 16.32, "ops_per_doc": 0.465, "real_token_fraction": 1.0,
             "syncs_per_step": 3, "attention_real_fraction": 0.64, "sync_ops": {}, "host_reads": 1,
-            "floor_us_per_op": 15.0, "floor_us_per_doc": round(15.0 * 3811 / 8192, 2)}
+            "floor_us_per_op": 15.0, "floor_us_per_doc": round(15.0 * 3811 / 8192, 2),
+            "sized_floor_rows": 158769, "sized_floor_us_per_op": 59.55, "sized_floor_us_per_doc": 27.7,
+            "twin": {"documents": 80, "candidates": 10, "tokens_per_document": 10, "chunk_tokens": 270, "chunks": 3,
+                     "ops_per_step": 3799, "host_s": [0.0362, 0.0466, 0.0451], "prepare_s": 0.004},
+            "dispatch_us_per_doc": 6.38}
     text = generate._render(as_written({**head, "command": "python bench/step_overhead.py", "step": step}))
     assert "| `host_us_per_doc` | 16.32 | <= 5 | not met |" in text and "| `syncs_per_step` | 3 | <= 8 | met |" in text
+    assert "| `dispatch_us_per_doc` | 6.38 | <= 5 | not met |" in text
     assert "costs this CPU 15.0 µs outside the operation" in text and "6.98 µs per document" in text
-    del step["floor_us_per_op"], step["floor_us_per_doc"]  # a record without the floor
-    assert "costs this CPU" not in generate._render(as_written({**head, "command": "python bench/step_overhead.py",
-                                                                "step": step}))
+    assert "158,769 real tokens per chunk the same loop spends 59.55 µs" in text
+    assert "over 80 documents of 10 tokens; 3,799 operations" in text and "0.004 s of it laying out" in text
+    for key in ("floor_us_per_op", "floor_us_per_doc", "sized_floor_rows", "sized_floor_us_per_op",
+                "sized_floor_us_per_doc", "twin", "dispatch_us_per_doc"):
+        del step[key]  # a record from before these figures
+    text = generate._render(as_written({**head, "command": "python bench/step_overhead.py", "step": step}))
+    assert "costs this CPU" not in text and "twin" not in text and "dispatch_us_per_doc" not in text
+
+
+def test_step_overhead_twin_cuts_as_many_chunks_as_the_step_and_holds_the_longest_text():
+    from pgrank.models.packing import plan_chunks
+
+    step_overhead = script("step_overhead")
+    for chunks, queries, length in [(1, 8, 10), (3, 8, 10), (9, 8, 10), (63, 220, 10), (3, 1, 3)]:
+        per, budget = step_overhead.twin_shape(chunks, queries, length, 256)
+        assert budget >= 256  # train.chunk_tokens must hold max_doc_length
+        assert len(plan_chunks(np.full(per * queries, length), budget)) == chunks
 
 
 def test_exported_policy_renders_both_figures_and_their_difference_per_set_and_stage(generate, head):

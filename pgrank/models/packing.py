@@ -12,8 +12,8 @@ training (:mod:`pgrank.training.grad_cache`) as for encoding a corpus:
    linear layers, which hold almost all of the arithmetic, see no padding at all and ``Pooling`` pools each
    text's span (its ``_forward_flattened``). *Padded*: ``preprocess``'s own layout (right-padded ids and an
    attention mask), which length sorting keeps nearly free of padding; models that cannot pack use it.
-3. Attention of a packed chunk (:func:`packed_attention`, registered with transformers'
-   ``AttentionInterface``): on CUDA, without attention dropout, FlashAttention's variable-length kernel
+3. Attention of a packed chunk (:func:`pgrank.models.packed_attention.packed_attention`, registered with
+   transformers' ``AttentionInterface``): on CUDA, without attention dropout, FlashAttention's variable-length kernel
    (``torch.nn.attention.varlen.varlen_attn``); otherwise the chunk's keys, queries and values are laid into a
    ``(texts, longest)`` grid by one precomputed index and run through ``scaled_dot_product_attention`` with a
    key mask. Either way it costs a fixed number of operations per layer, whatever the number of texts.
@@ -21,7 +21,8 @@ training (:mod:`pgrank.training.grad_cache`) as for encoding a corpus:
 Packing applies to encoders with absolute, per-text position ids (BERT, DistilBERT, MiniLM); each is checked on
 a probe against the padded layout when packing is enabled, and a model that differs (or any other
 architecture, T5 with its relative position buckets among them) runs padded. A chunk of packed tokens
-and a padded one give the same embeddings to float rounding (tested).
+and a padded one give the same embeddings to float rounding (tested). A packed chunk skips transformers' module
+plumbing (:mod:`pgrank.models.packed_encoder`: the same operations, issued directly).
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ from torch import Tensor
 
 from pgrank.data.token_store import TokenRows, TokenStore, text_modules
 from pgrank.errors import PgrankError
+from pgrank.models import packed_encoder
+from pgrank.models.packed_attention import PACKED, PACKED_LAYOUT, PadIndex, register
 
-PACKED = "pgrank_packed"
 _PACKABLE = {"bert", "distilbert"}  # absolute position ids per text, attention through transformers' interface
 _FLAG = "_pgrank_packing"
 PROBE_TEXTS = 8  # texts a model's packed layout is checked against the padded one on
@@ -44,62 +46,6 @@ PROBE_TEXTS = 8  # texts a model's packed layout is checked against the padded o
 
 class PackingError(PgrankError):
     """A chunk budget that cannot hold a text."""
-
-
-# ------------------------------------------------------------------------------------------- attention
-
-
-@dataclass(frozen=True)
-class PadIndex:
-    """Where each packed token sits in a ``(texts, longest)`` grid: one chunk's attention layout, made once."""
-
-    flat: Tensor  # (T,) long: text * longest + position
-    keep: Tensor  # (texts, 1, 1, longest) bool: the grid's real keys
-    cu: Tensor  # (texts + 1,) int32 cumulative lengths
-    texts: int
-    longest: int
-
-
-def packed_attention(module, query: Tensor, key: Tensor, value: Tensor, attention_mask, dropout: float = 0.0,
-                     scaling: float | None = None, is_causal=None, **kwargs):
-    """Attention over a packed chunk (``query``: ``(1, heads, T, head_dim)``; the output's ``T`` tokens in order, the
-    caller reshaping it to ``(1, T, hidden)``); any other call goes to the model's own attention
-    (``module.config._pgrank_fallback``)."""
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    pad: PadIndex | None = kwargs.pop("pgrank_pad", None)
-    if pad is None:
-        name = getattr(module.config, "_pgrank_fallback", "sdpa")
-        fallback = ALL_ATTENTION_FUNCTIONS[name] if name in ALL_ATTENTION_FUNCTIONS else ALL_ATTENTION_FUNCTIONS["sdpa"]
-        return fallback(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                        is_causal=is_causal, **kwargs)
-    heads, width = query.shape[1], query.shape[3]
-    if query.is_cuda and dropout == 0.0 and query.dtype in (torch.float16, torch.bfloat16) and _varlen() is not None:
-        out = _varlen()(query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1), pad.cu, pad.cu,
-                        pad.longest, pad.longest, scale=scaling)
-        return out, None  # (T, heads, head_dim)
-    qkv = torch.cat((query, key, value))  # (3, heads, T, head_dim)
-    grid = qkv.new_zeros(3, heads, pad.texts * pad.longest, width).index_copy_(2, pad.flat, qkv)
-    q, k, v = grid.view(3, heads, pad.texts, pad.longest, width).transpose(1, 2).unbind(0)  # (texts, heads, ...)
-    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=pad.keep, dropout_p=dropout, scale=scaling)
-    out = out.transpose(1, 2).reshape(pad.texts * pad.longest, heads, width).index_select(0, pad.flat)
-    return out, None  # (T, heads, head_dim): the caller's reshape to (1, T, hidden) is a view
-
-
-def _varlen():
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError:
-        return None
-    return varlen_attn
-
-
-def _register() -> None:
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-    AttentionInterface.register(PACKED, packed_attention)
-    AttentionMaskInterface.register(PACKED, sdpa_mask)
 
 
 def packs(model) -> bool:
@@ -115,17 +61,19 @@ def enable_packing(model, probe: TokenRows, layout: dict) -> bool:
     modules = text_modules(model)
     ok = bool(modules) and all(m.auto_model.config.model_type in _PACKABLE for m in modules)
     if ok:
-        _register()
+        register()
         previous = [m.auto_model.config._attn_implementation for m in modules]
         try:
             for m, name in zip(modules, previous):
                 m.auto_model.config._pgrank_fallback = name
                 m.auto_model.set_attn_implementation(PACKED)
+                packed_encoder.install(m.auto_model)
             ok = _probe_agrees(model, probe, layout)
         except (ValueError, TypeError, RuntimeError, KeyError, AttributeError):
             ok = False
         if not ok:
             for m, name in zip(modules, previous):
+                packed_encoder.uninstall(m.auto_model)
                 m.auto_model.set_attn_implementation(name)
     object.__setattr__(model, _FLAG, ok)
     return ok
@@ -216,7 +164,7 @@ def chunk_features(rows: TokenRows, layout: dict, *, packed: bool, device: torch
         cu = _tensor(starts.astype(np.int32), device)
         features["cu_seq_lens_q"] = cu
         features["seq_idx"] = _tensor(text[None, :], device)  # Pooling's segments, without a read of the lengths
-        features["pgrank_pad"] = PadIndex(_tensor(text * longest + position, device),
+        features[PACKED_LAYOUT] = PadIndex(_tensor(text * longest + position, device),
                                           _tensor(keep[:, None, None, :], device), cu, n, longest)
     else:
         ids = np.full((n, longest), layout["pad_id"], dtype=np.int64)

@@ -1,0 +1,73 @@
+"""A packed chunk through BERT or DistilBERT without transformers' module plumbing (pgrank.models.packed_encoder)."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from pgrank.data.token_store import TokenRows, tokenize
+from pgrank.models import packed_encoder
+from pgrank.models.packing import chunk_features, enable_packing, run_features
+
+TEXTS = [("rivers and deltas " * (1 + i % 7)).strip() + f" number {i}" for i in range(30)]
+
+
+def _packed(path):
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(path), device="cpu")
+    ids, lengths, layout = tokenize(model, TEXTS, task="document", max_length=64)
+    rows = TokenRows(ids, lengths)
+    assert enable_packing(model, rows.take(np.arange(4)), layout)
+    return model, rows, layout
+
+
+def _embeddings_and_gradients(model, features, seed: int = 5):
+    params = [p for p in model.parameters() if p.requires_grad]
+    torch.manual_seed(seed)  # the dropout masks
+    emb = run_features(model, features, task="document")
+    return emb, torch.autograd.grad(emb.square().sum(), params, allow_unused=True)
+
+
+@pytest.mark.parametrize("kind", ["bert", "distilbert"])
+def test_a_packed_chunk_trains_bitwise_as_through_transformers_modules(kind, tiny_model_dir, paper_model):
+    model, rows, layout = _packed(tiny_model_dir if kind == "bert" else paper_model("sbert"))
+    auto_model = model[0].auto_model
+    assert auto_model.config.model_type == kind and packed_encoder.installed(auto_model)
+    features = chunk_features(rows, layout, packed=True)
+    model.train()  # dropout on: the masks must be drawn alike
+    lean = _embeddings_and_gradients(model, features)
+    packed_encoder.uninstall(auto_model)
+    plain = _embeddings_and_gradients(model, features)
+    assert torch.equal(lean[0], plain[0])
+    assert all((a is None) == (b is None) and (a is None or torch.equal(a, b)) for a, b in zip(lean[1], plain[1]))
+    assert sum(g is not None for g in lean[1]) > 10
+    with torch.no_grad():  # another seed, other masks: the comparison above is not vacuous
+        torch.manual_seed(6)
+        assert not torch.equal(run_features(model, features, task="document"), plain[0])
+
+
+def test_a_padded_batch_and_a_deep_copy_keep_their_own_forward(tiny_model_dir):
+    model, rows, layout = _packed(tiny_model_dir)
+    padded = chunk_features(rows, layout, packed=False)
+    with torch.no_grad():
+        expected = torch.as_tensor(model.encode(TEXTS))
+        assert torch.allclose(run_features(model, padded, task="document"), expected, atol=1e-5)
+        twin = copy.deepcopy(model)
+        assert twin[0].auto_model.forward.__self__ is twin[0].auto_model
+        for p in twin.parameters():
+            p.mul_(0.5)
+        packed = chunk_features(rows, layout, packed=True)
+        assert torch.allclose(run_features(model, packed, task="document"), expected, atol=1e-5)
+        assert not torch.allclose(run_features(twin, packed, task="document"), expected, atol=1e-3)
+
+
+def test_a_chunked_feed_forward_stays_with_transformers(tiny_model_dir):
+    from sentence_transformers import SentenceTransformer
+
+    auto_model = SentenceTransformer(str(tiny_model_dir), device="cpu")[0].auto_model
+    auto_model.config.chunk_size_feed_forward = 4
+    assert not packed_encoder.install(auto_model) and not packed_encoder.installed(auto_model)
