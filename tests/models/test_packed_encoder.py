@@ -71,3 +71,26 @@ def test_a_chunked_feed_forward_stays_with_transformers(tiny_model_dir):
     auto_model = SentenceTransformer(str(tiny_model_dir), device="cpu")[0].auto_model
     auto_model.config.chunk_size_feed_forward = 4
     assert not packed_encoder.install(auto_model) and not packed_encoder.installed(auto_model)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA device is needed")
+def test_on_cuda_in_bf16_a_packed_chunk_encodes_bitwise_as_through_transformers_modules(paper_model):
+    from pgrank.models.packing import autocast
+
+    model, rows, layout = _packed(paper_model("sbert"))
+    model.to("cuda").eval()
+    auto_model = model[0].auto_model
+    features = chunk_features(rows, layout, packed=True, device="cuda")
+    out = {}
+    for lean in (True, False):
+        if not lean:
+            packed_encoder.uninstall(auto_model)
+        params = [p for p in model.parameters() if p.requires_grad]
+        with autocast(torch.device("cuda"), "bf16"):
+            emb = run_features(model, features, task="document")  # eval mode: FlashAttention's varlen kernel
+        grads = torch.autograd.grad(emb.square().sum(), params, allow_unused=True)
+        out[lean] = emb, torch.cat([g.float().flatten() for g in grads if g is not None])
+    assert torch.equal(out[True][0], out[False][0])
+    a, b = out[True][1], out[False][1]
+    assert float(a @ b / (a.norm() * b.norm())) > 0.9999  # CUDA's embedding backward adds in any order
