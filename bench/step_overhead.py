@@ -20,7 +20,10 @@ length distribution, with an encoder of DistilBERT's depth and vocabulary at a w
   kilobytes (the median of three profiled twins), with the twin's input layout replaced by the full step's
   (``prepare_s``, counted whole although the trainer lays out the next step on a background thread), divided by the
   full step's documents.
-  That is what issuing the step costs a host whose device holds the tensors, as a GPU's does;
+  That is the host's time between the operations when the device holds the tensors, as a GPU does; each operation's
+  own dispatch (the dispatcher, autograd's recording, the allocation, a kernel launch on a GPU) runs inside the
+  operation, where a CPU cannot tell it from the arithmetic. ``twin_wall_us_per_doc``, the twin's whole time (its
+  operations included) with the same layout, bounds both from above;
 * ``floor_us_per_op``: what the same measure gives for operations issued from Python with nothing else between them
   (a ``Linear``, an add, a ``LayerNorm`` and three views of a ``(64, 8)`` tensor, in a loop, profiled alike): this
   CPU's cost of dispatching one operation from Python, which no step layout removes. ``floor_us_per_doc`` is that
@@ -37,7 +40,8 @@ The update is the trainer's: :func:`pgrank.training.step.clip_gradients` and the
 :func:`pgrank.training.step.adamw` (fused where PyTorch has the kernel, the CPU included).
 
 Packed chunks run through :mod:`pgrank.models.packed_encoder`, as in training; ``--modules`` runs them through
-transformers' modules instead, for comparison.
+transformers' modules instead. The twin runs through both, interleaved (``compared``): a paired comparison in one
+run.
 
 Run: ``python bench/step_overhead.py [--documents 8192] [--modules] [--out F]`` (under 3 minutes on 2 cores).
 """
@@ -228,8 +232,7 @@ def measure(n_docs: int, queries: int, overrides: list[str], repeats: int, modul
         if modules:  # packed chunks through transformers' modules (pgrank.models.packed_encoder off)
             for module in text_modules(model):
                 packed_encoder.uninstall(module.auto_model)
-        forward = ("packed encoder" if any(packed_encoder.installed(m.auto_model) for m in text_modules(model))
-                   else "transformers modules")
+        forward = FORWARD_NAMES[any(packed_encoder.installed(m.auto_model) for m in text_modules(model))]
         trainable = [p for p in model.parameters() if p.requires_grad]
         optimizer = adamw(trainable, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)  # the trainer's optimizer
         device = torch.device("cpu")
@@ -292,8 +295,20 @@ def measure(n_docs: int, queries: int, overrides: list[str], repeats: int, modul
         twin_params = load_params(ROOT / "params.yaml", ["train.tower=both", *overrides,
                                                          f"train.chunk_tokens={twin_budget}"])
         twin = stepper(examples_over(twin_per, relevant), twin_params, twin_tokens)
-        twin()  # warm-up
-        twin_runs = [profiled(twin) for _ in range(TWIN_REPEATS)]
+        lean = forward == "packed encoder"
+        forwards = (lean, not lean) if packs(model) else (lean,)  # the other one too, interleaved: a paired comparison
+        runs: dict[bool, list] = {choice: [] for choice in forwards}
+        for repeat in range(TWIN_REPEATS + 1):  # the first round warms up
+            for choice in forwards:
+                for module in text_modules(model):
+                    (packed_encoder.install if choice else packed_encoder.uninstall)(module.auto_model)
+                if repeat:
+                    runs[choice].append(profiled(twin))
+                else:
+                    twin()
+        for module in text_modules(model):
+            (packed_encoder.install if lean else packed_encoder.uninstall)(module.auto_model)
+        twin_runs = runs[lean]
         twin_host = statistics.median(wall - in_op for wall, in_op, *_ in twin_runs)
         twin_examples = examples_over(twin_per, relevant)
         twin_prepares = []
@@ -338,8 +353,15 @@ def measure(n_docs: int, queries: int, overrides: list[str], repeats: int, modul
         "twin": {"documents": twin_per * queries, "candidates": twin_per, "tokens_per_document": length,
                  "chunk_tokens": twin_budget, "chunks": len(twin_inputs.documents), "ops_per_step": twin_ops,
                  "host_s": [round(wall - in_op, 4) for wall, in_op, *_ in twin_runs],
+                 "wall_s": [round(wall, 4) for wall, *_ in twin_runs],
                  "prepare_s": round(twin_prepare, 4)},
         "dispatch_us_per_doc": round((twin_host - twin_prepare + prepare) / docs * 1e6, 2),
+        "compared": {FORWARD_NAMES[choice]: {
+            "host_s": [round(wall - in_op, 4) for wall, in_op, *_ in runs[choice]],
+            "dispatch_us_per_doc": round((statistics.median(wall - in_op for wall, in_op, *_ in runs[choice])
+                                          - twin_prepare + prepare) / docs * 1e6, 2)} for choice in forwards},
+        "twin_wall_us_per_doc": round((statistics.median(wall for wall, *_ in twin_runs) - twin_prepare + prepare)
+                                      / docs * 1e6, 2),
         "real_token_fraction": round(real / processed, 4), "attention_real_fraction": round(real / grid, 4),
         "syncs_per_step": syncs, "sync_ops": dict(reads_of_device), "host_reads": host_reads,
         "top_ops": dict(names.most_common(12)),
@@ -347,6 +369,7 @@ def measure(n_docs: int, queries: int, overrides: list[str], repeats: int, modul
 
 
 FORWARDS = {"packed encoder": "pgrank's packed encoder", "transformers modules": "transformers' modules"}
+FORWARD_NAMES = {True: "packed encoder", False: "transformers modules"}  # whether packed_encoder is installed
 GOALS = {"host_us_per_doc": ("<=", 5), "dispatch_us_per_doc": ("<=", 5), "ops_per_doc": ("<=", 0.5),
          "real_token_fraction": (">=", 0.95),
          "syncs_per_step": ("<=", 8)}
@@ -381,7 +404,15 @@ def render(record: dict) -> str:
                 f"{s['twin']['ops_per_step']:,} operations) spends {s['twin']['host_s']} s outside its operations, "
                 f"{s['twin']['prepare_s']} s of it laying out its inputs: with the full step's layout instead, "
                 f"{s['dispatch_us_per_doc']} µs per document of the full step (`dispatch_us_per_doc`)."
-                if "twin" in s else ""),
+                if "twin" in s else "")
+             + (f" Its whole time, operations included (each one's dispatch, autograd recording and allocation, "
+                f"which a GPU's host pays too, and its arithmetic on kilobytes, which it does not), is "
+                f"{s['twin']['wall_s']} s: {s['twin_wall_us_per_doc']} µs per document, a bound on what the host "
+                f"spends on the step." if "twin_wall_us_per_doc" in s else "")
+             + ("" if len(s.get("compared", {})) < 2 else " Interleaved with those runs, the twin through each "
+                "forward: " + "; ".join(f"{FORWARDS[name]} {c['host_s']} s outside its operations, "
+                                        f"{c['dispatch_us_per_doc']} µs per document" for name, c in s["compared"].items())
+                + "."),
              "",
              *table(("figure", "measured", "goal", ""), rows, "lrll"), "",
              f"Attention's real-token fraction on this CPU's grid layout: {s['attention_real_fraction']}. "

@@ -323,16 +323,22 @@ def test_step_overhead_renders_each_goal_and_the_cpus_dispatch_floor(generate, h
             "floor_us_per_op": 15.0, "floor_us_per_doc": round(15.0 * 3811 / 8192, 2),
             "sized_floor_rows": 158769, "sized_floor_us_per_op": 59.55, "sized_floor_us_per_doc": 27.7,
             "twin": {"documents": 80, "candidates": 10, "tokens_per_document": 10, "chunk_tokens": 270, "chunks": 3,
-                     "ops_per_step": 3799, "host_s": [0.0362, 0.0466, 0.0451], "prepare_s": 0.004},
-            "dispatch_us_per_doc": 6.38}
+                     "ops_per_step": 3799, "host_s": [0.0362, 0.0466, 0.0451], "prepare_s": 0.004,
+                     "wall_s": [0.07, 0.08, 0.09]},
+            "dispatch_us_per_doc": 6.38, "twin_wall_us_per_doc": 10.5,
+            "compared": {"packed encoder": {"host_s": [0.03, 0.031, 0.032], "dispatch_us_per_doc": 4.2},
+                         "transformers modules": {"host_s": [0.034, 0.035, 0.036], "dispatch_us_per_doc": 4.7}}}
     text = generate._render(as_written({**head, "command": "python bench/step_overhead.py", "step": step}))
     assert "| `host_us_per_doc` | 16.32 | <= 5 | not met |" in text and "| `syncs_per_step` | 3 | <= 8 | met |" in text
     assert "| `dispatch_us_per_doc` | 6.38 | <= 5 | not met |" in text
     assert "costs this CPU 15.0 µs outside the operation" in text and "6.98 µs per document" in text
     assert "158,769 real tokens per chunk the same loop spends 59.55 µs" in text
     assert "over 80 documents of 10 tokens; 3,799 operations" in text and "0.004 s of it laying out" in text
+    assert "is [0.07, 0.08, 0.09] s: 10.5 µs per document, a bound" in text
+    assert ("pgrank's packed encoder [0.03, 0.031, 0.032] s outside its operations, 4.2 µs per document; "
+            "transformers' modules [0.034, 0.035, 0.036] s outside its operations, 4.7 µs per document." in text)
     for key in ("floor_us_per_op", "floor_us_per_doc", "sized_floor_rows", "sized_floor_us_per_op",
-                "sized_floor_us_per_doc", "twin", "dispatch_us_per_doc"):
+                "sized_floor_us_per_doc", "twin", "dispatch_us_per_doc", "twin_wall_us_per_doc", "compared"):
         del step[key]  # a record from before these figures
     text = generate._render(as_written({**head, "command": "python bench/step_overhead.py", "step": step}))
     assert "costs this CPU" not in text and "twin" not in text and "dispatch_us_per_doc" not in text
