@@ -198,9 +198,8 @@ def measure(n_docs: int, queries: int, overrides: list[str], repeats: int, modul
     from pgrank.config import load_params
     from pgrank.core.objectives import OBJECTIVES
     from pgrank.data.corpus_store import build_corpus_store
-    from pgrank.data.token_store import build_token_store, corpus_blocks, open_token_store
+    from pgrank.data.token_store import build_token_store, corpus_blocks, open_token_store, text_modules
     from pgrank.models.loading import load_encoder
-    from pgrank.data.token_store import text_modules
     from pgrank.models import packed_encoder
     from pgrank.models.packing import PACKED_LAYOUT, enable_packing_for, packs
     from pgrank.training.batches import Example, candidate_scores, query_generators
@@ -229,10 +228,16 @@ def measure(n_docs: int, queries: int, overrides: list[str], repeats: int, modul
         query_store = build_token_store(model, lambda lo, hi: texts[lo:hi], queries, work / "queries", task="query",
                                         max_length=cfg.max_query_length, source={"name": "q", "sha256": "1" * 64})
         enable_packing_for(model, documents)
-        if modules:  # packed chunks through transformers' modules (pgrank.models.packed_encoder off)
+
+        def use_packed_encoder(on: bool) -> None:
+            """Packed chunks through pgrank.models.packed_encoder (``on``) or through transformers' modules."""
             for module in text_modules(model):
-                packed_encoder.uninstall(module.auto_model)
-        forward = FORWARD_NAMES[any(packed_encoder.installed(m.auto_model) for m in text_modules(model))]
+                (packed_encoder.install if on else packed_encoder.uninstall)(module.auto_model)
+
+        if modules:
+            use_packed_encoder(False)
+        lean = any(packed_encoder.installed(m.auto_model) for m in text_modules(model))
+        forward = FORWARD_NAMES[lean]
         trainable = [p for p in model.parameters() if p.requires_grad]
         optimizer = adamw(trainable, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)  # the trainer's optimizer
         device = torch.device("cpu")
@@ -294,23 +299,19 @@ def measure(n_docs: int, queries: int, overrides: list[str], repeats: int, modul
                                                              "short"))
         twin_params = load_params(ROOT / "params.yaml", ["train.tower=both", *overrides,
                                                          f"train.chunk_tokens={twin_budget}"])
-        twin = stepper(examples_over(twin_per, relevant), twin_params, twin_tokens)
-        lean = forward == "packed encoder"
+        twin_examples = examples_over(twin_per, relevant)
+        twin = stepper(twin_examples, twin_params, twin_tokens)
         forwards = (lean, not lean) if packs(model) else (lean,)  # the other one too, interleaved: a paired comparison
         runs: dict[bool, list] = {choice: [] for choice in forwards}
         for repeat in range(TWIN_REPEATS + 1):  # the first round warms up
             for choice in forwards:
-                for module in text_modules(model):
-                    (packed_encoder.install if choice else packed_encoder.uninstall)(module.auto_model)
+                use_packed_encoder(choice)
                 if repeat:
                     runs[choice].append(profiled(twin))
                 else:
                     twin()
-        for module in text_modules(model):
-            (packed_encoder.install if lean else packed_encoder.uninstall)(module.auto_model)
+        use_packed_encoder(lean)
         twin_runs = runs[lean]
-        twin_host = statistics.median(wall - in_op for wall, in_op, *_ in twin_runs)
-        twin_examples = examples_over(twin_per, relevant)
         twin_prepares = []
         for _ in range(TWIN_REPEATS):
             started = time.perf_counter()
@@ -331,8 +332,17 @@ def measure(n_docs: int, queries: int, overrides: list[str], repeats: int, modul
         estimator_ops = len(top_level_ops(prof))
         real = sum(c.real for c in inputs.documents)
         floor = dispatch_floor()
-        sized_floor = dispatch_floor(loops=SIZED_FLOOR_LOOPS, rows=max(64, real // max(chunks, 1)))
+        sized_rows = max(64, real // max(chunks, 1))
+        sized_floor = dispatch_floor(loops=SIZED_FLOOR_LOOPS, rows=sized_rows)
     wall = statistics.median(walls)
+
+    def twin_us_per_doc(seconds: list[float]) -> float:
+        """The twin's median ``seconds`` with the full step's input layout instead of its own, per document of the
+        full step."""
+        return round((statistics.median(seconds) - twin_prepare + prepare) / docs * 1e6, 2)
+
+    def outside(profiled_runs: list) -> list[float]:
+        return [wall - in_op for wall, in_op, *_ in profiled_runs]
 
     processed = sum(c.processed for c in inputs.documents)
     grid = sum(int(c.features[PACKED_LAYOUT].texts * c.features[PACKED_LAYOUT].longest) if PACKED_LAYOUT in c.features
@@ -348,20 +358,18 @@ def measure(n_docs: int, queries: int, overrides: list[str], repeats: int, modul
         "wall_us_per_doc": round(wall / docs * 1e6, 1),
         "ops_per_step": len(ops), "estimator_ops": estimator_ops, "ops_per_doc": round(len(ops) / docs, 3),
         "floor_us_per_op": round(floor, 2), "floor_us_per_doc": round(floor * len(ops) / docs, 2),
-        "sized_floor_rows": max(64, real // max(chunks, 1)), "sized_floor_us_per_op": round(sized_floor, 2),
+        "sized_floor_rows": sized_rows, "sized_floor_us_per_op": round(sized_floor, 2),
         "sized_floor_us_per_doc": round(sized_floor * len(ops) / docs, 2),
         "twin": {"documents": twin_per * queries, "candidates": twin_per, "tokens_per_document": length,
                  "chunk_tokens": twin_budget, "chunks": len(twin_inputs.documents), "ops_per_step": twin_ops,
-                 "host_s": [round(wall - in_op, 4) for wall, in_op, *_ in twin_runs],
+                 "host_s": [round(t, 4) for t in outside(twin_runs)],
                  "wall_s": [round(wall, 4) for wall, *_ in twin_runs],
                  "prepare_s": round(twin_prepare, 4)},
-        "dispatch_us_per_doc": round((twin_host - twin_prepare + prepare) / docs * 1e6, 2),
-        "compared": {FORWARD_NAMES[choice]: {
-            "host_s": [round(wall - in_op, 4) for wall, in_op, *_ in runs[choice]],
-            "dispatch_us_per_doc": round((statistics.median(wall - in_op for wall, in_op, *_ in runs[choice])
-                                          - twin_prepare + prepare) / docs * 1e6, 2)} for choice in forwards},
-        "twin_wall_us_per_doc": round((statistics.median(wall for wall, *_ in twin_runs) - twin_prepare + prepare)
-                                      / docs * 1e6, 2),
+        "dispatch_us_per_doc": twin_us_per_doc(outside(twin_runs)),
+        "compared": {FORWARD_NAMES[choice]: {"host_s": [round(t, 4) for t in outside(runs[choice])],
+                                             "dispatch_us_per_doc": twin_us_per_doc(outside(runs[choice]))}
+                     for choice in forwards},
+        "twin_wall_us_per_doc": twin_us_per_doc([wall for wall, *_ in twin_runs]),
         "real_token_fraction": round(real / processed, 4), "attention_real_fraction": round(real / grid, 4),
         "syncs_per_step": syncs, "sync_ops": dict(reads_of_device), "host_reads": host_reads,
         "top_ops": dict(names.most_common(12)),
