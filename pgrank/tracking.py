@@ -27,7 +27,7 @@ import re
 import resource
 import socket
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from pgrank.config import Params
@@ -127,11 +127,16 @@ def _end_killed(run: Any) -> None:
 
     for what, end in (("the runs of ended processes", lambda: end_orphaned_runs(run.info.experiment_id)),
                       (f"run {run.info.run_id}", lambda: mlflow.end_run("KILLED"))):
-        try:
-            end()
-        except Exception as exc:  # noqa: BLE001 - MlflowException, sqlite's "database is locked"
-            log.warning("MLflow: %s not marked KILLED (%s); the next stage that opens the store marks them",
-                        what, (str(exc).splitlines() or [type(exc).__name__])[0])
+        _as_the_store_lets(end, f"{what} not marked KILLED", "the next stage that opens the store marks them")
+
+
+def _as_the_store_lets(write: Callable[[], Any], failed: str, then: str) -> None:
+    """``write()`` to the MLflow store on a stop's way out; a store that cannot be written now (an sqlite file another
+    writer holds past its timeout) is a warning, so that the stop still ends the process with its one line."""
+    try:
+        write()
+    except Exception as exc:  # noqa: BLE001 - MlflowException, sqlite's "database is locked"
+        log.warning("MLflow: %s (%s); %s", failed, (str(exc).splitlines() or [type(exc).__name__])[0], then)
 
 
 @contextlib.contextmanager
@@ -178,7 +183,10 @@ def stage_run(
                 stopped = True
                 raise
             finally:
-                if resources:
+                if resources and stopped:
+                    _as_the_store_lets(lambda: log_metrics(run, process_resources()),
+                                       f"run {run.info.run_id}'s resource figures not logged", "the stop goes on")
+                elif resources:
                     log_metrics(run, process_resources())
                 if stopped:  # KILLED, not FAILED; and so are the runs of the processes the stop ended
                     _end_killed(run)

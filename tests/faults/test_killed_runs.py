@@ -12,6 +12,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 import yaml
 
 from pgrank import tracking
@@ -87,7 +88,9 @@ def test_a_stop_while_a_stage_logs_its_params_ends_its_run_killed(tmp_path, monk
     assert run.info.status == "KILLED"
 
 
-def test_a_stop_while_another_writer_holds_the_store_ends_with_the_stop_not_a_store_error(tmp_path, monkeypatch, caplog):
+@pytest.mark.parametrize("resources", [False, True])  # a stage process's run logs its resources on the way out
+def test_a_stop_while_another_writer_holds_the_store_ends_with_the_stop_not_a_store_error(tmp_path, monkeypatch, caplog,
+                                                                                         resources):
     import sqlite3
 
     import mlflow
@@ -97,7 +100,7 @@ def test_a_stop_while_another_writer_holds_the_store_ends_with_the_stop_not_a_st
     holder = None
     try:
         with caplog.at_level("WARNING", logger="pgrank.tracking"):
-            with tracking.stage_run(params, paths, "stopped", tags={"stage": "train"}) as run:
+            with tracking.stage_run(params, paths, "stopped", tags={"stage": "train"}, resources=resources) as run:
                 # another process writes the sqlite store past its busy timeout when the stop arrives
                 holder = sqlite3.connect(paths.mlflow_db, isolation_level=None)
                 holder.execute("BEGIN IMMEDIATE")
@@ -110,5 +113,6 @@ def test_a_stop_while_another_writer_holds_the_store_ends_with_the_stop_not_a_st
             holder.close()
     assert mlflow.active_run() is None
     assert f"run {run.info.run_id} not marked KILLED" in caplog.text
+    assert (f"run {run.info.run_id}'s resource figures not logged" in caplog.text) == resources
     client = mlflow.MlflowClient(tracking.tracking_uri(params, paths))
     assert client.get_run(run.info.run_id).info.status == "RUNNING"  # this process lives: a later stage ends it
