@@ -21,9 +21,15 @@ models', whatever their weights. Everything runs through pgrank's own code paths
    ``train.pg.num_samples`` (5000) rankings per query, the paper's estimator: wall time and peak GPU memory,
    through :func:`pgrank.training.trainer.accumulate_gradients` and an AdamW step, with MS MARCO's passage lengths.
 
+Every rate comes with the real tokens it processed a second and the share of the device's peak it reaches: the
+arithmetic of one item counted by PyTorch's flop counter on the same code path (``bench/flops.py``), against the
+GPU's published dense bf16 peak, or, for a device without one in the table (a CPU), the fastest dense product
+measured on it (``peak``).
+
 Writes ``bench/out/gpu.json`` (with the machine: GPU, driver, CUDA, library versions) and prints Markdown tables.
-``pgrank plan`` prices the paper from these figures (``pgrank/pipeline/measured_rates.yaml``, seeded from this
-file) when it is not calibrated on the machine itself.
+On a GPU at the paper's sizes it also writes the GPU's rates into ``pgrank/pipeline/measured_rates.yaml``
+(``--rates``; ``bench/rates_table.py``), from which ``pgrank plan`` prices the paper when it is not calibrated on the
+machine itself.
 
 Example:
     $ python bench/gpu.py                   # everything, about 8 minutes on one H100
@@ -46,6 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 import paper_models  # noqa: E402
+from flops import counted_flops, device_peak, percent, with_arithmetic  # noqa: E402
 from machine import machine_record  # noqa: E402
 from record import add_set_option  # noqa: E402
 
@@ -74,7 +81,15 @@ def rate(fn, items: int, device: str, seconds: float) -> float:
             return done / elapsed
 
 
-def encoding(folders: dict[str, Path], device: str, seconds: float, batch: int, lengths) -> list[dict]:
+def real_tokens(model, texts: list[str]) -> float:
+    """Mean tokens per text of ``texts`` as ``model`` (or the sentence-transformers model it wraps) cuts them."""
+    st = getattr(model, "model", model)
+    ids = st.tokenizer(texts, truncation=True, max_length=st.max_seq_length)["input_ids"]
+    return float(np.mean([len(x) for x in ids]))
+
+
+def encoding(folders: dict[str, Path], device: str, seconds: float, batch: int, lengths, peak: float | None = None
+             ) -> list[dict]:
     import torch
 
     from pgrank.config import ModelsConfig
@@ -100,9 +115,12 @@ def encoding(folders: dict[str, Path], device: str, seconds: float, batch: int, 
                     # Texts of about `length` tokens (the tokenizer adds its specials; truncation does the rest).
                     texts = [paper_models.text_of_length(length, seed=i) for i in range(batch)]
                     docs_s = rate(lambda: run(texts), batch, device, seconds)
-                    rows.append({"model": label, "backend": backend, "tokens": length, "batch": batch,
-                                 "docs_per_s": round(docs_s, 1)})
-                    print(f"  encode {label:<26} {backend:<10} {length:>4} tokens: {docs_s:9.1f} docs/s", flush=True)
+                    flops = counted_flops(lambda: run(texts[:1])) / real_tokens(model, texts[:1])  # one text: no padding
+                    tokens = real_tokens(model, texts)
+                    rows.append(with_arithmetic({"model": label, "backend": backend, "tokens": length, "batch": batch,
+                                                 "docs_per_s": round(docs_s, 1)}, flops * tokens, docs_s, tokens, peak))
+                    print(f"  encode {label:<26} {backend:<10} {length:>4} tokens: {docs_s:9.1f} docs/s, "
+                          f"{percent(rows[-1]['peak_share'])} of peak", flush=True)
                 del model
                 if device.startswith("cuda"):
                     torch.cuda.empty_cache()
@@ -142,7 +160,7 @@ def pool_rates(folder: Path, device: str, batch: int, texts_n: int = 8192) -> li
     return rows
 
 
-def training_rates(folder: Path, device: str, seconds: float, params) -> list[dict]:
+def training_rates(folder: Path, device: str, seconds: float, params, peak: float | None = None) -> list[dict]:
     """Forward + backward texts a second of the warm start under ``train.amp``, as cached-gradient chunks run."""
     from pgrank.models.loading import load_encoder
     from pgrank.models.packing import run_chunk, text_chunks
@@ -161,10 +179,13 @@ def training_rates(folder: Path, device: str, seconds: float, params) -> list[di
                 run_chunk(model, piece, task=task, amp=cfg.amp).sum().backward()
 
         texts_s = rate(step, chunk, device, seconds)
+        flops = counted_flops(step) / chunk  # forward and backward of a text, as the chunks run
         model.zero_grad(set_to_none=True)
-        rows.append({"model": "distilbert (sbert, tas-b)", "task": task, "tokens": length, "chunk": chunk,
-                     "amp": cfg.amp, "texts_per_s": round(texts_s, 1)})
-        print(f"  train  {task:<9} {length:>4} tokens, chunks of {chunk}: {texts_s:9.1f} texts/s", flush=True)
+        rows.append(with_arithmetic({"model": "distilbert (sbert, tas-b)", "task": task, "tokens": length,
+                                     "chunk": chunk, "amp": cfg.amp, "texts_per_s": round(texts_s, 1)},
+                                    flops, texts_s, sum(c.real for c in chunks) / chunk, peak))
+        print(f"  train  {task:<9} {length:>4} tokens, chunks of {chunk}: {texts_s:9.1f} texts/s, "
+              f"{percent(rows[-1]['peak_share'])} of peak", flush=True)
     return rows
 
 
@@ -173,8 +194,10 @@ def _msmarco_lengths(n: int, rng: np.random.Generator) -> np.ndarray:
     return np.clip(np.round(rng.lognormal(math.log(50), 0.48, n)), 4, 250).astype(int)
 
 
-def paper_step(folder: Path, device: str, params, queries: int, candidates: int, work: Path) -> dict:
-    """One ``tower: both`` optimizer step at the paper's shape, through the trainer's own step."""
+def paper_step(folder: Path, device: str, params, queries: int, candidates: int, work: Path,
+               peak: float | None = None) -> dict:
+    """One ``tower: both`` optimizer step at the paper's shape, through the trainer's own step. Its arithmetic is
+    counted on the warm-up step (2 queries: every operation a step runs) and scaled by the documents' real tokens."""
     import torch
 
     from pgrank.data.corpus_store import build_corpus_store
@@ -217,18 +240,23 @@ def paper_step(folder: Path, device: str, params, queries: int, candidates: int,
         _sync(device)
         return time.perf_counter() - started
 
-    step(examples[:2])  # warm-up: kernels, allocator, optimizer state
+    warm = examples[:2]
+    warm_flops = counted_flops(lambda: step(warm))  # warm-up: kernels, allocator, optimizer state
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
     seconds = step(examples)
-    peak = torch.cuda.max_memory_allocated() if device.startswith("cuda") else None
+    memory = torch.cuda.max_memory_allocated() if device.startswith("cuda") else None
     lengths = [len(t.split()) for t in store.texts(np.arange(0, n_docs, max(1, n_docs // 2000)))]
+    doc_tokens = tokens.documents.lengths(np.arange(n_docs))
+    warm_tokens = int(doc_tokens[: len(warm) * candidates].sum())
     out = {"queries": queries, "candidates": candidates, "documents": n_docs, "chunk_tokens": cfg.chunk_tokens,
            "num_samples": cfg.pg.num_samples, "estimator": cfg.pg.estimator, "amp": cfg.amp,
            "max_doc_length": cfg.max_doc_length, "mean_words": round(float(np.mean(lengths)), 1),
-           "seconds": round(seconds, 2), "peak_gib": None if peak is None else round(peak / 2**30, 2)}
+           "mean_tokens": round(float(doc_tokens.mean()), 1),
+           "seconds": round(seconds, 2), "peak_gib": None if memory is None else round(memory / 2**30, 2)}
+    with_arithmetic(out, warm_flops / warm_tokens * int(doc_tokens.sum()), 1 / seconds, int(doc_tokens.sum()), peak)
     print(f"  step   {queries} x {candidates} (tower both, {cfg.pg.num_samples} rankings/query): {seconds:.1f} s, "
-          f"peak {out['peak_gib']} GiB", flush=True)
+          f"{percent(out['peak_share'])} of peak, peak memory {out['peak_gib']} GiB", flush=True)
     return out
 
 
@@ -277,6 +305,9 @@ def main() -> None:
     parser.add_argument("--lengths", type=int, nargs="*", default=list(LENGTHS), help="text lengths (tokens) to encode")
     add_set_option(parser, "train.chunk_tokens=131072")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "gpu.json")
+    parser.add_argument("--rates", type=Path, default=ROOT / "pgrank" / "pipeline" / "measured_rates.yaml",
+                        help="the rates table to write this GPU's rates into (only on a GPU with --size paper)")
+    parser.add_argument("--no-rates", action="store_true", help="leave the rates table alone")
     args = parser.parse_args()
 
     from pgrank.atomic import write_json
@@ -288,17 +319,21 @@ def main() -> None:
     record = {"command": "python " + " ".join(["bench/gpu.py", *sys.argv[1:]]), "machine": machine_record(),
               "size": args.size, "overrides": args.overrides}
     print(f"# bench/gpu.py on {record['machine'].get('gpu') or record['machine']['cpu']}", flush=True)
+    record["peak"] = device_peak(args.device, record["machine"].get("gpu") if args.device.startswith("cuda") else None)
+    peak = record["peak"]["tflops"]
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         t = time.perf_counter()
         folders = {label: paper_models.build(kind, work / kind, size=args.size) for label, kind in ENCODERS.items()}
         print(f"  built the models in {time.perf_counter() - t:.0f} s", flush=True)
         if "encoding" not in args.skip:
-            record["encoding"] = encoding(folders, args.device, args.seconds, params.mine.batch_size, args.lengths)
+            record["encoding"] = encoding(folders, args.device, args.seconds, params.mine.batch_size, args.lengths,
+                                          peak)
         if "pool" not in args.skip and args.device.startswith("cuda"):
             record["pool"] = pool_rates(folders["distilbert (sbert, tas-b)"], args.device, params.mine.batch_size)
         if "training" not in args.skip:
-            record["training"] = training_rates(folders["distilbert (sbert, tas-b)"], args.device, args.seconds, params)
+            record["training"] = training_rates(folders["distilbert (sbert, tas-b)"], args.device, args.seconds, params,
+                                                peak)
         if "estimator" not in args.skip:
             record["estimators"] = estimators_at_paper_shape(args.device, params, queries, candidates,
                                                              max(args.seconds, 2.0))
@@ -306,11 +341,16 @@ def main() -> None:
         if "step" not in args.skip:
             (work / "step").mkdir()
             record["step"] = paper_step(folders["distilbert (sbert, tas-b)"], args.device, params, queries, candidates,
-                                        work / "step")
+                                        work / "step", peak)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_json(args.out, record)
     print(f"\nGPU: {record['machine'].get('gpu')}; command: `{record['command']}`\n")
     print(render(record))
+    if not args.no_rates and args.size == "paper" and args.device.startswith("cuda"):
+        from rates_table import write_rates
+
+        write_rates(record, args.rates, f"{record['command']} (record {args.out})")
+        print(f"\n-> {args.rates}: the rates of {record['machine']['gpu']}")
 
 
 def render(record: dict) -> str:
@@ -324,13 +364,27 @@ def render(record: dict) -> str:
             by = {r["tokens"]: r["docs_per_s"] for r in record["encoding"] if (r["model"], r["backend"]) == key}
             out.append(f"| {key[0]} | {key[1]} | " + " | ".join(f"{by[n]:,.0f}" for n in lengths) + " |")
         out.append("")
+        if any("peak_share" in r for r in record["encoding"]):
+            out += ["| encoding, real tokens/s and share of the peak | backend | "
+                    + " | ".join(f"{n} tokens" for n in lengths) + " |", "| --- | --- |" + " ---: |" * len(lengths)]
+            for key in dict.fromkeys((r["model"], r["backend"]) for r in record["encoding"]):
+                by = {r["tokens"]: r for r in record["encoding"] if (r["model"], r["backend"]) == key}
+                out.append(f"| {key[0]} | {key[1]} | "
+                           + " | ".join(f"{by[n]['tokens_per_s']:,.0f}, {percent(by[n]['peak_share'])}" for n in lengths)
+                           + " |")
+            out.append("")
     if record.get("pool"):
         out += ["| processes per GPU (DistilBERT, bf16, 256 tokens) | docs/s |", "| ---: | ---: |"]
         out += [f"| {r['processes_per_gpu']} | {r['docs_per_s']:,.0f} |" for r in record["pool"]]
         out.append("")
     if record.get("training"):
-        out += ["| training (forward + backward) | tokens | texts/s |", "| --- | ---: | ---: |"]
-        out += [f"| {r['task']} ({r['amp']}) | {r['tokens']} | {r['texts_per_s']:,.0f} |" for r in record["training"]]
+        shares = all("peak_share" in r for r in record["training"])
+        out += ["| training (forward + backward) | tokens | texts/s |" + (" real tokens/s | share of the peak |" if shares
+                                                                          else ""),
+                "| --- | ---: | ---: |" + (" ---: | ---: |" if shares else "")]
+        out += [f"| {r['task']} ({r['amp']}) | {r['tokens']} | {r['texts_per_s']:,.0f} |"
+                + (f" {r['tokens_per_s']:,.0f} | {percent(r['peak_share'])} |" if shares else "")
+                for r in record["training"]]
         out.append("")
     if record.get("estimators"):
         first = record["estimators"][0]
@@ -343,7 +397,13 @@ def render(record: dict) -> str:
         out += [f"One `tower: both` step, {s['queries']} queries x {s['candidates']} candidates ({s['documents']:,} "
                 f"documents of {s['mean_words']} words on average, chunks of {s.get('chunk_tokens', s.get('grad_chunk_size'))} tokens, {s['num_samples']} "
                 f"rankings per query, {s['amp']}): **{s['seconds']} s**, peak GPU memory **{s['peak_gib']} GiB**"
-                + (f"; the estimator alone: {e['ms']} ms." if e else ".")]
+                + (f"; the estimator alone: {e['ms']} ms." if e else ".")
+                + (f" {s['tokens_per_s']:,.0f} real tokens a second, {s['tflops']} TFLOPs: {percent(s['peak_share'])} "
+                   "of the peak." if "peak_share" in s else "")]
+    if record.get("peak"):
+        p = record["peak"]
+        out += ["", f"Shares are of {p['tflops']:,.2f} TFLOPs, {p['source']}; dense products measured on the device: "
+                + ", ".join(f"{k} {v:,.2f}" for k, v in p["measured_tflops"].items()) + " TFLOPs."]
     return "\n".join(out)
 
 
