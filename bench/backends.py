@@ -3,6 +3,10 @@
 1. Throughput: the first ``--docs`` SciFact passages (``(title + " " + text).strip()``, 256 tokens) encoded
    by each backend in one process, best of ``--repeats``, after one warm-up batch; docs/s and the ratio
    to torch fp32. ``auto`` is what :func:`pgrank.models.backends.auto_inference_backend` picks on this machine.
+   With it, how near each backend runs to the CPU's arithmetic floor: the model's products with weight matrices per
+   passage, counted by PyTorch's flop counter on every tenth passage encoded alone by torch (``bench/flops.py``; the
+   same arithmetic whatever the backend), times docs/s, against the TFLOPs of a large dense product measured in the
+   backend's own precision (float32 for ``torch`` and ``onnx``, bf16 for ``torch-bf16``; none for int8).
 2. Quality guard (:func:`pgrank.evaluation.backend_quality.compare_backends`): each backend encodes the
    whole SciFact and NFCorpus corpora into its own artifact and is evaluated first stage; nDCG@10 and
    the difference to torch fp32 against the bounds (0.005; onnx-int8 0.01).
@@ -21,11 +25,13 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 
+from flops import counted_flops, measured_peak, percent  # noqa: E402
 from record import add_out_option, new_record, save, table  # noqa: E402
 
 ALL = ["torch", "torch-bf16", "onnx", "onnx-int8"]
+PRECISION = {"torch": "float32", "onnx": "float32", "torch-bf16": "bfloat16"}  # the products each backend runs
 TITLE = "Inference backends on the CPU: encoding throughput, and nDCG@10 against torch fp32"
 
 
@@ -44,6 +50,21 @@ def throughput(params, paths, model: str, texts: list[str], backends: list[str],
         rates[backend] = len(texts) / best
         print(f"  {backend:<11} {rates[backend]:7.1f} docs/s", flush=True)
     return rates
+
+
+def arithmetic(params, paths, model: str, texts: list[str]) -> dict:
+    """The model's weight products per passage (every tenth passage, each encoded alone by torch: no padding) and the
+    CPU's dense-product TFLOPs in each precision a backend runs."""
+    from pgrank.models.backends import load_inference_encoder
+
+    encoder, _ = load_inference_encoder(model, params.models, paths, max_seq_length=256, backend="torch")
+    sample = texts[::10]
+    counted = counted_flops(lambda: [encoder.encode_document([t], batch_size=1) for t in sample])
+    ids = encoder.tokenizer(texts, truncation=True, max_length=encoder.max_seq_length)["input_ids"]
+    peaks = {dtype: round(measured_peak("cpu", dtype, seconds=1.0, n=2048), 4) for dtype in sorted(set(PRECISION.values()))}
+    print(f"  {counted / len(sample) / 1e9:.2f} GFLOP a passage; dense products: {peaks} TFLOPs", flush=True)
+    return {"flops_per_doc": counted / len(sample), "sampled": len(sample),
+            "tokens_per_doc": sum(len(x) for x in ids) / len(ids), "peak_tflops": peaks}
 
 
 def main() -> None:
@@ -84,14 +105,24 @@ def main() -> None:
     _, texts = next(store.text_blocks(0, min(args.docs, len(store)), block=args.docs))
     print(f"  throughput: {len(texts)} SciFact passages", flush=True)
     rates = throughput(params, paths, args.model, texts, args.backends, args.repeats, args.batch_size)
+    record["arithmetic"] = arithmetic(params, paths, args.model, texts)
+    work = record["arithmetic"]
     record["throughput"] = {"passages": len(texts), "tokens": 256, "batch": args.batch_size, "repeats": args.repeats,
-                            "backends": [{"backend": b, "docs_per_s": r} for b, r in rates.items()]}
+                            "backends": [{"backend": b, "docs_per_s": r, **floor_share(work, b, r)}
+                                         for b, r in rates.items()]}
     if not args.skip_quality:
         print("  quality: first-stage nDCG@10, whole corpora", flush=True)
         rows = compare_backends(params, paths, args.model, args.eval_sets, args.backends)
         record["quality"] = [{"backend": r.backend, "eval_set": r.eval_set, "ndcg_at_10": r.ndcg_at_10,
                               "bound": BOUNDS[r.backend], "docs_per_s": r.docs_per_second} for r in rows]
     save(record, args.out, render)
+
+
+def floor_share(work: dict, backend: str, docs_per_s: float) -> dict:
+    """TFLOPs a backend reaches at ``docs_per_s``, and their share of the dense product in its precision."""
+    tflops = work["flops_per_doc"] * docs_per_s / 1e12
+    peak = work["peak_tflops"].get(PRECISION.get(backend))
+    return {"tflops": round(tflops, 4), "peak_share": round(tflops / peak, 4) if peak else None}
 
 
 def render(record: dict) -> str:
@@ -102,9 +133,19 @@ def render(record: dict) -> str:
            f"{r['int8_isa']}; auto -> {r['auto']}", "",
            f"throughput: {r['model']}, {t['passages']} SciFact passages, {t['tokens']} tokens, batch {t['batch']}, best "
            f"of {t['repeats']}:", ""]
-    out += table(["backend", "docs/s", f"x {first['backend']}"],
-                 [[b["backend"], f"{b['docs_per_s']:.1f}", f"{b['docs_per_s'] / first['docs_per_s']:.2f}"]
-                  for b in t["backends"]], "lrr")
+    if r.get("arithmetic"):
+        a = r["arithmetic"]
+        out += table(["backend", "docs/s", f"x {first['backend']}", "TFLOPs", "of the dense product in its precision"],
+                     [[b["backend"], f"{b['docs_per_s']:.1f}", f"{b['docs_per_s'] / first['docs_per_s']:.2f}",
+                       f"{b['tflops']:.3f}", percent(b["peak_share"])] for b in t["backends"]], "lrrrr")
+        out += ["", f"{a['flops_per_doc'] / 1e9:.2f} GFLOP of weight products a passage of {a['tokens_per_doc']:.0f} "
+                f"tokens on average (counted on {a['sampled']} passages encoded alone); a dense product of large "
+                "matrices reaches " + ", ".join(f"{v:.3f} TFLOPs in {k}" for k, v in a["peak_tflops"].items())
+                + " on this CPU."]
+    else:
+        out += table(["backend", "docs/s", f"x {first['backend']}"],
+                     [[b["backend"], f"{b['docs_per_s']:.1f}", f"{b['docs_per_s'] / first['docs_per_s']:.2f}"]
+                      for b in t["backends"]], "lrr")
     if r.get("quality"):
         base = {q["eval_set"]: q["ndcg_at_10"] for q in r["quality"] if q["backend"] == "torch"}
         rows = []
