@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 
-from flops import counted_flops, measured_peak, percent  # noqa: E402
+from flops import counted_flops, measured_peak, percent, real_tokens, share  # noqa: E402
 from record import add_out_option, new_record, save, table  # noqa: E402
 
 ALL = ["torch", "torch-bf16", "onnx", "onnx-int8"]
@@ -60,11 +60,10 @@ def arithmetic(params, paths, model: str, texts: list[str]) -> dict:
     encoder, _ = load_inference_encoder(model, params.models, paths, max_seq_length=256, backend="torch")
     sample = texts[::10]
     counted = counted_flops(lambda: [encoder.encode_document([t], batch_size=1) for t in sample])
-    ids = encoder.tokenizer(texts, truncation=True, max_length=encoder.max_seq_length)["input_ids"]
     peaks = {dtype: round(measured_peak("cpu", dtype, seconds=1.0, n=2048), 4) for dtype in sorted(set(PRECISION.values()))}
     print(f"  {counted / len(sample) / 1e9:.2f} GFLOP a passage; dense products: {peaks} TFLOPs", flush=True)
     return {"flops_per_doc": counted / len(sample), "sampled": len(sample),
-            "tokens_per_doc": sum(len(x) for x in ids) / len(ids), "peak_tflops": peaks}
+            "tokens_per_doc": real_tokens(encoder, texts), "peak_tflops": peaks}
 
 
 def main() -> None:
@@ -120,9 +119,9 @@ def main() -> None:
 
 def floor_share(work: dict, backend: str, docs_per_s: float) -> dict:
     """TFLOPs a backend reaches at ``docs_per_s``, and their share of the dense product in its precision."""
-    tflops = work["flops_per_doc"] * docs_per_s / 1e12
-    peak = work["peak_tflops"].get(PRECISION.get(backend))
-    return {"tflops": round(tflops, 4), "peak_share": round(tflops / peak, 4) if peak else None}
+    part = share(work["flops_per_doc"], docs_per_s, work["peak_tflops"].get(PRECISION.get(backend)))
+    return {"tflops": round(work["flops_per_doc"] * docs_per_s / 1e12, 4),
+            "peak_share": None if part is None else round(part, 4)}
 
 
 def render(record: dict) -> str:

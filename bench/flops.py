@@ -14,7 +14,8 @@
 
 A rate's share of a peak is then ``flops per item x items a second / peak`` (:func:`share`); :func:`with_arithmetic`
 adds it to a benchmark row with the real tokens a second, and :func:`device_peak` picks the peak of a run: the spec
-where the table has the GPU, else the faster of the bf16 and float32 products measured.
+where the table has the GPU, else the faster of the bf16 and float32 products measured. :func:`rate` times items a
+second on a device (CUDA-synchronised), for the peak and for every benchmark rate of ``bench/gpu.py``.
 """
 
 from __future__ import annotations
@@ -59,11 +60,26 @@ def counted_flops(fn) -> int:
     return int(sum(n for op, n in counter.get_flop_counts()["Global"].items() if str(op) in WEIGHT_PRODUCTS))
 
 
-def _sync(device: str) -> None:
+def sync(device: str) -> None:
+    """Wait for the device's queued work (a CUDA device; nothing to wait for on a CPU)."""
     import torch
 
     if device.startswith("cuda"):
         torch.cuda.synchronize()
+
+
+def rate(fn, items: int, device: str, seconds: float) -> float:
+    """Items a second of ``fn()`` (which handles ``items``), after one warm-up call, for about ``seconds``."""
+    fn()
+    sync(device)
+    done, started = 0, time.perf_counter()
+    while True:
+        fn()
+        sync(device)
+        done += items
+        elapsed = time.perf_counter() - started
+        if elapsed >= seconds:
+            return done / elapsed
 
 
 def measured_peak(device: str, dtype: str, seconds: float = 1.0, n: int | None = None) -> float:
@@ -76,16 +92,15 @@ def measured_peak(device: str, dtype: str, seconds: float = 1.0, n: int | None =
     generator = torch.Generator(device=device).manual_seed(0)
     a = torch.randn(n, n, device=device, generator=generator).to(kind)
     b = torch.randn(n, n, device=device, generator=generator).to(kind)
-    a @ b
-    _sync(device)
-    done, started = 0, time.perf_counter()
-    while True:
-        a @ b
-        _sync(device)
-        done += 1
-        elapsed = time.perf_counter() - started
-        if elapsed >= seconds:
-            return 2 * n**3 * done / elapsed / 1e12
+    return 2 * n**3 * rate(lambda: a @ b, 1, device, seconds) / 1e12
+
+
+def real_tokens(model, texts: list[str]) -> float:
+    """Mean tokens per text of ``texts`` as ``model`` (or the sentence-transformers model it wraps) cuts them: the
+    tokens per item of :func:`with_arithmetic`."""
+    st = getattr(model, "model", model)
+    ids = st.tokenizer(texts, truncation=True, max_length=st.max_seq_length)["input_ids"]
+    return sum(len(x) for x in ids) / len(ids)
 
 
 def share(flops_per_item: float, items_per_s: float, peak_tflops: float | None) -> float | None:

@@ -52,40 +52,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 import paper_models  # noqa: E402
-from flops import counted_flops, device_peak, percent, with_arithmetic  # noqa: E402
+from flops import counted_flops, device_peak, percent, rate, real_tokens, sync, with_arithmetic  # noqa: E402
 from machine import machine_record  # noqa: E402
 from record import add_set_option  # noqa: E402
 
 LENGTHS = (32, 64, 128, 256, 512)
 ENCODERS = {"gtr-t5-xl": "gtr-t5", "distilbert (sbert, tas-b)": "sbert", "splade": "splade"}
-
-
-def _sync(device: str) -> None:
-    import torch
-
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def rate(fn, items: int, device: str, seconds: float) -> float:
-    """Items a second of ``fn()`` (which handles ``items``), after one warm-up call, for about ``seconds``."""
-    fn()
-    _sync(device)
-    done, started = 0, time.perf_counter()
-    while True:
-        fn()
-        _sync(device)
-        done += items
-        elapsed = time.perf_counter() - started
-        if elapsed >= seconds:
-            return done / elapsed
-
-
-def real_tokens(model, texts: list[str]) -> float:
-    """Mean tokens per text of ``texts`` as ``model`` (or the sentence-transformers model it wraps) cuts them."""
-    st = getattr(model, "model", model)
-    ids = st.tokenizer(texts, truncation=True, max_length=st.max_seq_length)["input_ids"]
-    return float(np.mean([len(x) for x in ids]))
 
 
 def encoding(folders: dict[str, Path], device: str, seconds: float, batch: int, lengths, peak: float | None = None
@@ -145,10 +117,10 @@ def pool_rates(folder: Path, device: str, batch: int, texts_n: int = 8192) -> li
             pool = model.start_multi_process_pool(devices) if devices else None
             try:
                 encode_documents(model, texts[:1024], batch_size=batch, pool=pool)  # warm-up of every process
-                _sync(device)
+                sync(device)
                 started = time.perf_counter()
                 encode_documents(model, texts, batch_size=batch, pool=pool)
-                _sync(device)
+                sync(device)
                 docs_s = texts_n / (time.perf_counter() - started)
             finally:
                 if pool is not None:
@@ -230,14 +202,14 @@ def paper_step(folder: Path, device: str, params, queries: int, candidates: int,
     tokens = scratch_tokens(params, model, store, [ex.query for ex in examples], work / "tokens")
 
     def step(batch_examples) -> float:
-        _sync(device)
+        sync(device)
         started = time.perf_counter()
         inputs = prepare_step(batch_examples, params, tokens, epoch=1, model=model, device=torch.device(device))
         accumulate_gradients(model, inputs, params, epoch=1, frozen=None)
         torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        _sync(device)
+        sync(device)
         return time.perf_counter() - started
 
     warm = examples[:2]
