@@ -45,16 +45,29 @@ def packed_attention(module, query: Tensor, key: Tensor, value: Tensor, attentio
         return fallback(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                         is_causal=is_causal, **kwargs)
     heads, width = query.shape[1], query.shape[3]
+    out = attend_tokens(query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1), pad,
+                        dropout=dropout, scaling=scaling)
+    return out.view(-1, heads, width), None  # (T, heads, head_dim): the caller's reshape to (1, T, hidden) is a view
+
+
+def attend_tokens(query: Tensor, key: Tensor, value: Tensor, pad: PadIndex, *, dropout: float = 0.0,
+                  scaling: float | None = None) -> Tensor:
+    """Attention over a packed chunk whose ``query``, ``key`` and ``value`` are ``(T, heads, head_dim)`` (views of the
+    projections' ``(T, hidden)`` outputs); the output ``(T, heads * head_dim)``, the tokens in order.
+
+    The same operations whatever the number of texts: FlashAttention's variable-length kernel on CUDA (half
+    precision, no attention dropout), otherwise one grid of the three laid out by one ``index_copy_`` and one
+    ``scaled_dot_product_attention`` with a key mask.
+    """
+    tokens, heads, width = query.shape
     if query.is_cuda and dropout == 0.0 and query.dtype in (torch.float16, torch.bfloat16) and _varlen() is not None:
-        out = _varlen()(query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1), pad.cu, pad.cu,
-                        pad.longest, pad.longest, scale=scaling)
-        return out, None  # (T, heads, head_dim)
-    qkv = torch.cat((query, key, value))  # (3, heads, T, head_dim)
-    grid = qkv.new_zeros(3, heads, pad.texts * pad.longest, width).index_copy_(2, pad.flat, qkv)
-    q, k, v = grid.view(3, heads, pad.texts, pad.longest, width).transpose(1, 2).unbind(0)  # (texts, heads, ...)
+        out = _varlen()(query, key, value, pad.cu, pad.cu, pad.longest, pad.longest, scale=scaling)
+        return out.reshape(tokens, heads * width)
+    qkv = torch.stack((query, key, value))  # (3, T, heads, head_dim)
+    grid = qkv.new_zeros(3, pad.texts * pad.longest, heads, width).index_copy_(1, pad.flat, qkv)
+    q, k, v = grid.view(3, pad.texts, pad.longest, heads, width).transpose(2, 3).unbind(0)  # (texts, heads, ...)
     out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=pad.keep, dropout_p=dropout, scale=scaling)
-    out = out.transpose(1, 2).reshape(pad.texts * pad.longest, heads, width).index_select(0, pad.flat)
-    return out, None  # (T, heads, head_dim): the caller's reshape to (1, T, hidden) is a view
+    return out.transpose(1, 2).reshape(pad.texts * pad.longest, heads * width).index_select(0, pad.flat)
 
 
 def _varlen():

@@ -6,13 +6,15 @@ plumbing through the attention interface and output capture, and a signature ins
 about as much again as the operations themselves (``python bench/step_overhead.py``, the twin step).
 
 :func:`install` gives a BERT or DistilBERT model (``auto_model`` of a sentence-transformers ``Transformer``) a
-forward that, for a packed chunk, issues the operations transformers' modules issue, in the same order, on the
-same weights: the embeddings, then per layer the query, key and value projections, :func:`packed_attention`, the
-output projection, dropout, residual and LayerNorm, the feed-forward (the model's own activation) and its
-dropout, residual and LayerNorm. The embeddings, the dropout masks (the same random draws in the same order) and
-the gradients are bitwise those of the modules' forward (tested, in training mode with dropout). BERT's pooler
-is left out: sentence-transformers pools the token embeddings and never reads its output. Anything else (a padded
-batch, hidden states or attentions asked for, a chunked feed-forward, a decoder) goes to transformers' forward.
+forward that, for a packed chunk, computes what transformers' modules compute, in the same order, on the same
+weights, on the chunk's ``(T, hidden)`` tokens (no batch dimension to fold in and out around every projection):
+the embeddings, then per layer the query, key and value projections and their attention
+(:func:`~pgrank.models.packed_attention.attend_tokens`), the output projection, dropout, residual and LayerNorm,
+the feed-forward (the model's own activation) and its dropout, residual and LayerNorm. The embeddings, the dropout
+masks (the same random draws in the same order) and the gradients are bitwise those of the modules' forward
+(tested, in training mode with dropout). BERT's pooler is left out: sentence-transformers pools the token
+embeddings and never reads its output. Anything else (a padded batch, hidden states or attentions asked for, a
+chunked feed-forward, a decoder) goes to transformers' forward.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from pgrank.models.packed_attention import PACKED_LAYOUT, packed_attention
+from pgrank.models.packed_attention import PACKED_LAYOUT, attend_tokens
 
 ARCHITECTURES = ("bert", "distilbert")
 
@@ -64,12 +66,13 @@ def forward(self, **kwargs):
             or kwargs.get("output_hidden_states") or kwargs.get("output_attentions")
             or self.config.output_hidden_states or self.config.output_attentions):
         return type(self).forward(self, **kwargs)
-    ids, positions = kwargs["input_ids"], kwargs["position_ids"]
+    ids, positions = kwargs["input_ids"][0], kwargs["position_ids"][0]  # (T,): the chunk's one row
     if self.config.model_type == "distilbert":
         hidden = _distilbert(self, ids, positions, pad)
     else:
-        hidden = _bert(self, ids, positions, kwargs.get("token_type_ids"), pad)
-    return BaseModelOutput(last_hidden_state=hidden)
+        types = kwargs.get("token_type_ids")
+        hidden = _bert(self, ids, positions, None if types is None else types[0], pad)
+    return BaseModelOutput(last_hidden_state=hidden.unsqueeze(0))
 
 
 def _distilbert(model, ids: Tensor, positions: Tensor, pad) -> Tensor:
@@ -104,15 +107,10 @@ def _bert(model, ids: Tensor, positions: Tensor, token_types: Tensor | None, pad
 
 
 def _attend(module, x: Tensor, query, key, value, pad) -> Tensor:
-    """Self-attention of the packed ``x`` ``(1, T, hidden)`` as transformers' attention modules run it."""
-    shape = x.shape[:-1]
-    heads = (*shape, -1, module.attention_head_size)
-    q = _linear(query, x).view(*heads).transpose(1, 2)
-    k = _linear(key, x).view(*heads).transpose(1, 2)
-    v = _linear(value, x).view(*heads).transpose(1, 2)
-    out, _ = packed_attention(module, q, k, v, None, dropout=module.dropout.p if module.training else 0.0,
-                              scaling=module.scaling, **{PACKED_LAYOUT: pad})
-    return out.reshape(*shape, -1).contiguous()
+    """Self-attention of the packed ``x`` ``(T, hidden)`` as transformers' attention modules compute it."""
+    heads = (x.shape[0], -1, module.attention_head_size)
+    return attend_tokens(_linear(query, x).view(heads), _linear(key, x).view(heads), _linear(value, x).view(heads),
+                         pad, dropout=module.dropout.p if module.training else 0.0, scaling=module.scaling)
 
 
 def _linear(layer, x: Tensor) -> Tensor:
