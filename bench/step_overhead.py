@@ -31,6 +31,11 @@ length distribution, with an encoder of DistilBERT's depth and vocabulary at a w
   ``sized_floor_us_per_op``: the same loop on a tensor of the step's real tokens per chunk (``sized_floor_rows``):
   on a CPU the time outside the operations grows with the tensors they touch, which a GPU's host never touches
   (``sized_floor_us_per_doc`` at the step's operations per document);
+* ``probe_us``: why a CPU's time outside the operations grows with them. A one-microsecond operation is issued right
+  after another such operation (``after_tiny``) and right after a matrix product as long as the step's mean
+  operation (``after_long``, ``long_op_ms``), into preallocated outputs, nothing else between them: the median time
+  from the end of the operation before to the end of the probe, profiled alike. After the product the host's own
+  work runs on the core that has just run the arithmetic; a GPU's host issues the product and never runs it;
 * ``syncs_per_step``: reads of device values by the host (``aten::_local_scalar_dense`` at any depth, data-dependent
   shapes such as ``nonzero``, and ``tolist``/``numpy``/``cpu`` of tensors), which on a GPU each wait for the
   device; reads inside the optimizer's step are not counted (the trainer's fused AdamW makes none; PyTorch's other
@@ -165,6 +170,39 @@ def dispatch_floor(loops: int = 1000, rows: int = 64) -> float:
         wall = time.perf_counter() - started
     ops = top_level_ops(prof)
     return max(wall - seconds_in(ops), 0.0) / len(ops) * 1e6
+
+
+def probe_after(long_s: float, loops: int = 20) -> dict:
+    """Median microseconds from the end of one operation to the end of the next, a one-microsecond ``neg`` into a
+    preallocated output: after another such ``neg`` and after a float32 matrix product, into a preallocated output,
+    of about ``long_s`` seconds (``probe_us``)."""
+    import torch
+    from torch.profiler import profile
+
+    tiny, tiny_out = torch.ones(4), torch.empty(4)
+    n = 64
+    while n < 4096:  # the smallest product of at least long_s seconds
+        a, out = torch.randn(n, n), torch.empty(n, n)
+        started = time.perf_counter()
+        torch.mm(a, a, out=out)
+        took = time.perf_counter() - started
+        if took >= long_s:
+            break
+        n = int(n * max(1.1, min(2.0, (long_s / max(took, 1e-7)) ** (1 / 3))))
+
+    def median_gap(first) -> float:
+        first()
+        torch.neg(tiny, out=tiny_out)  # warm-up
+        with profile() as prof:
+            for _ in range(loops):
+                first()
+                torch.neg(tiny, out=tiny_out)
+        ops = sorted(top_level_ops(prof), key=lambda e: e.time_range.start)
+        return statistics.median(ops[i + 1].time_range.end - ops[i].time_range.end for i in range(0, len(ops) - 1, 2))
+
+    return {"after_tiny": round(median_gap(lambda: torch.neg(tiny, out=tiny_out)), 2),
+            "after_long": round(median_gap(lambda: torch.mm(a, a, out=out)), 2),
+            "long_op_ms": round(took * 1e3, 2)}
 
 
 def short_corpus(work: Path, n_docs: int, words: int) -> Path:
@@ -334,6 +372,7 @@ def measure(n_docs: int, queries: int, overrides: list[str], repeats: int, modul
         floor = dispatch_floor()
         sized_rows = max(64, real // max(chunks, 1))
         sized_floor = dispatch_floor(loops=SIZED_FLOOR_LOOPS, rows=sized_rows)
+        probe = probe_after(in_ops / len(ops))
     wall = statistics.median(walls)
 
     def twin_us_per_doc(seconds: list[float]) -> float:
@@ -360,6 +399,7 @@ def measure(n_docs: int, queries: int, overrides: list[str], repeats: int, modul
         "floor_us_per_op": round(floor, 2), "floor_us_per_doc": round(floor * len(ops) / docs, 2),
         "sized_floor_rows": sized_rows, "sized_floor_us_per_op": round(sized_floor, 2),
         "sized_floor_us_per_doc": round(sized_floor * len(ops) / docs, 2),
+        "probe_us": probe,
         "twin": {"documents": twin_per * queries, "candidates": twin_per, "tokens_per_document": length,
                  "chunk_tokens": twin_budget, "chunks": len(twin_inputs.documents), "ops_per_step": twin_ops,
                  "host_s": [round(t, 4) for t in outside(twin_runs)],
@@ -417,6 +457,11 @@ def render(record: dict) -> str:
                 f"which a GPU's host pays too, and its arithmetic on kilobytes, which it does not), is "
                 f"{s['twin']['wall_s']} s: {s['twin_wall_us_per_doc']} µs per document, a bound on what the host "
                 f"spends on the step." if "twin_wall_us_per_doc" in s else "")
+             + (f" A one-microsecond operation takes {s['probe_us']['after_tiny']} µs from the end of the one before "
+                f"it to its own end after another such operation, and {s['probe_us']['after_long']} µs after a "
+                f"{s['probe_us']['long_op_ms']} ms matrix product (the step's mean operation): on a CPU the host's "
+                f"own work slows after the arithmetic, which a GPU runs elsewhere (`probe_us`)."
+                if "probe_us" in s else "")
              + ("" if len(s.get("compared", {})) < 2 else " Interleaved with those runs, the twin through each "
                 "forward: " + "; ".join(f"{FORWARDS[name]} {c['host_s']} s outside its operations, "
                                         f"{c['dispatch_us_per_doc']} µs per document" for name, c in s["compared"].items())

@@ -337,11 +337,24 @@ def test_step_overhead_renders_each_goal_and_the_cpus_dispatch_floor(generate, h
     assert "is [0.07, 0.08, 0.09] s: 10.5 µs per document, a bound" in text
     assert ("pgrank's packed encoder [0.03, 0.031, 0.032] s outside its operations, 4.2 µs per document; "
             "transformers' modules [0.034, 0.035, 0.036] s outside its operations, 4.7 µs per document." in text)
+    assert "after another such operation" not in text  # a record from before the probe
+    text = generate._render(as_written({**head, "command": "python bench/step_overhead.py",
+                                        "step": {**step, "probe_us": {"after_tiny": 1.14, "after_long": 75.05,
+                                                                      "long_op_ms": 4.12}}}))
+    assert "takes 1.14 µs from the end of the one before it to its own end after another such operation, and 75.05 µs" \
+        " after a 4.12 ms matrix product" in text
     for key in ("floor_us_per_op", "floor_us_per_doc", "sized_floor_rows", "sized_floor_us_per_op",
                 "sized_floor_us_per_doc", "twin", "dispatch_us_per_doc", "twin_wall_us_per_doc", "compared"):
         del step[key]  # a record from before these figures
     text = generate._render(as_written({**head, "command": "python bench/step_overhead.py", "step": step}))
     assert "costs this CPU" not in text and "twin" not in text and "dispatch_us_per_doc" not in text
+
+
+def test_step_overhead_probe_times_a_tiny_operation_after_a_tiny_one_and_after_a_product_of_the_asked_length():
+    step_overhead = script("step_overhead")
+    probe = step_overhead.probe_after(0.002, loops=4)
+    assert probe["long_op_ms"] >= 2.0  # the smallest product of at least the asked length
+    assert 0 < probe["after_tiny"] < 10_000 and 0 < probe["after_long"] < 10_000  # microseconds, one probe each
 
 
 def test_step_overhead_twin_cuts_as_many_chunks_as_the_step_and_holds_the_longest_text():
