@@ -94,3 +94,20 @@ def test_on_cuda_in_bf16_a_packed_chunk_encodes_bitwise_as_through_transformers_
     assert torch.equal(out[True][0], out[False][0])
     a, b = out[True][1], out[False][1]
     assert float(a @ b / (a.norm() * b.norm())) > 0.9999  # CUDA's embedding backward adds in any order
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA device is needed")
+def test_on_cuda_in_bf16_a_packed_chunk_encodes_as_the_padded_batch_does(paper_model):
+    from pgrank.models.packing import autocast
+
+    model, rows, layout = _packed(paper_model("sbert"))
+    model.to("cuda").eval()
+    out = {}
+    with torch.no_grad(), autocast(torch.device("cuda"), "bf16"):
+        for packed in (True, False):  # FlashAttention's varlen kernel over the packed row; SDPA over the padded grid
+            features = chunk_features(rows, layout, packed=packed, device="cuda")
+            out[packed] = run_features(model, features, task="document")
+    assert out[True].shape == out[False].shape == (len(TEXTS), out[False].shape[1])
+    cosine = torch.nn.functional.cosine_similarity(out[True], out[False], dim=1)
+    assert float(cosine.min()) > 0.999  # bf16's rounding, text by text
