@@ -6,8 +6,9 @@ length distribution, with an encoder of DistilBERT's depth and vocabulary at a w
 (``bench/paper_models.py``, size ``depth``), so that its arithmetic costs little. Per step:
 
 * ``host_us_per_doc``: the step's time outside its dispatched operations (laying out its inputs, Python, the
-  trainer's bookkeeping), per document, from one profiled step on this CPU, with the step's own tensors (chunks of
-  up to ``train.chunk_tokens`` tokens). On a GPU the ops' arithmetic runs on the device, and issuing them costs the
+  trainer's bookkeeping), per document, on this CPU, with the step's own tensors (chunks of up to
+  ``train.chunk_tokens`` tokens): the median of three profiled steps (each one's time outside its operations:
+  ``host_s``). On a GPU the ops' arithmetic runs on the device, and issuing them costs the
   host what ``ops_per_doc`` counts;
 * ``ops_per_doc``: operations dispatched (top-level ``aten::`` ops in the profiler, the autograd engine's
   included), per document;
@@ -78,6 +79,7 @@ SYNC_OPS = ("aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select",
 READS = ("tolist", "numpy", "cpu")
 TWIN_WORDS = 8  # words per document of the twin step (one token each, plus the tokenizer's two)
 TWIN_REPEATS = 3  # profiled twin steps (the median host time is reported)
+STEP_REPEATS = 3  # profiled full steps (the median host time is reported)
 SIZED_FLOOR_LOOPS = 20
 
 
@@ -318,7 +320,9 @@ def measure(n_docs: int, queries: int, overrides: list[str], repeats: int, modul
             started = time.perf_counter()
             inputs = step()
             walls.append(time.perf_counter() - started)
-        profiled_s, in_ops, ops, prof, host_reads = profiled(step)
+        full_runs = [profiled(step) for _ in range(STEP_REPEATS)]
+        by_host = sorted(full_runs, key=lambda run: run[0] - run[1])  # time outside the operations
+        profiled_s, in_ops, ops, prof, host_reads = by_host[len(by_host) // 2]
         load = os.getloadavg()[0]  # other processes on these cores stretch the in-op and host times alike
         started = time.perf_counter()
         prepare_step(examples, params, tokens, epoch=1, model=model, device=device)
@@ -394,6 +398,7 @@ def measure(n_docs: int, queries: int, overrides: list[str], repeats: int, modul
         "load_average": round(load, 2), "wall_s": round(wall, 3), "profiled_s": round(profiled_s, 3),
         "prepare_s": round(prepare, 4), "in_ops_s": round(in_ops, 3),
         "host_us_per_doc": round(max(profiled_s - in_ops, 0.0) / docs * 1e6, 2),
+        "host_s": [round(t, 4) for t in outside(full_runs)],
         "wall_us_per_doc": round(wall / docs * 1e6, 1),
         "ops_per_step": len(ops), "estimator_ops": estimator_ops, "ops_per_doc": round(len(ops) / docs, 3),
         "floor_us_per_op": round(floor, 2), "floor_us_per_doc": round(floor * len(ops) / docs, 2),
@@ -440,6 +445,8 @@ def render(record: dict) -> str:
              f"{record['machine'].get('cores', '?')} cores), {s['in_ops_s']} s of the profiled {s['profiled_s']} s "
              f"inside its {s['ops_per_step']:,} dispatched operations ({s['estimator_ops']} of them the estimator's); "
              f"laying out its inputs took {s['prepare_s']} s."
+             + (f" Profiled {len(s['host_s'])} times, the step spent {s['host_s']} s outside its operations (the "
+                f"median gives `host_us_per_doc`)." if "host_s" in s else "")
              + (f" Issuing an operation from Python costs this CPU {s['floor_us_per_op']} µs outside the operation "
                 f"when nothing else runs between operations: {s['floor_us_per_doc']} µs per document at this step's "
                 f"operations per document." if "floor_us_per_op" in s else "")

@@ -337,10 +337,12 @@ def test_step_overhead_renders_each_goal_and_the_cpus_dispatch_floor(generate, h
     assert "is [0.07, 0.08, 0.09] s: 10.5 µs per document, a bound" in text
     assert ("pgrank's packed encoder [0.03, 0.031, 0.032] s outside its operations, 4.2 µs per document; "
             "transformers' modules [0.034, 0.035, 0.036] s outside its operations, 4.7 µs per document." in text)
-    assert "after another such operation" not in text  # a record from before the probe
+    assert "after another such operation" not in text and "Profiled" not in text  # a record from before them
     text = generate._render(as_written({**head, "command": "python bench/step_overhead.py",
                                         "step": {**step, "probe_us": {"after_tiny": 1.14, "after_long": 75.05,
-                                                                      "long_op_ms": 4.12}}}))
+                                                                      "long_op_ms": 4.12},
+                                                 "host_s": [0.066, 0.134, 0.2]}}))
+    assert "Profiled 3 times, the step spent [0.066, 0.134, 0.2] s outside its operations" in text
     assert "takes 1.14 µs from the end of the one before it to its own end after another such operation, and 75.05 µs" \
         " after a 4.12 ms matrix product" in text
     for key in ("floor_us_per_op", "floor_us_per_doc", "sized_floor_rows", "sized_floor_us_per_op",
