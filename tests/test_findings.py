@@ -203,9 +203,10 @@ def test_sphinx_markup_reaches_the_generated_pages_as_plain_code():
 
 
 def test_the_results_table_of_the_tools_is_its_records():
-    """docs/results.md's KL / anchor / rule table: every change against the warm start, every p against the demo and
-    every validation gain is the one ``bench/out/variants-demo-tools.json`` holds, to the printed digits."""
-    record = _record("variants-demo-tools.json")
+    """docs/results.md's KL / anchor / rule table: every change against the warm start, every p against the demo,
+    every validation gain and every run's seconds is the one ``bench/out/variants-demo-tools-float32.json`` holds, to
+    the printed digits."""
+    record = _record("variants-demo-tools-float32.json")
     warm, variants = record["warm"], record["summary"]["variants"]
     text = (DOCS / "results.md").read_text(encoding="utf-8")
     section = text.split("{ #tools }", 1)[1].split("\n### ", 1)[0]
@@ -227,3 +228,4 @@ def test_the_results_table_of_the_tools_is_its_records():
         validation = [float(d.replace("−", "-")) for d, _ in re.findall(number, cells[3])]
         assert validation == pytest.approx([entry["val_in"], entry["val_ood"]["nfcorpus/dev"],
                                             entry["val_ood"]["dbpedia/dev"]], abs=5e-5), name
+        assert int(cells[4]) == round(entry["seconds"]), name
