@@ -229,3 +229,30 @@ def test_the_results_table_of_the_tools_is_its_records():
         assert validation == pytest.approx([entry["val_in"], entry["val_ood"]["nfcorpus/dev"],
                                             entry["val_ood"]["dbpedia/dev"]], abs=5e-5), name
         assert int(cells[4]) == round(entry["seconds"]), name
+
+
+def test_the_results_table_of_the_anchors_weight_is_its_record():
+    """docs/results.md's table of the anchor's weight under the demo as it is: every validation gain, half-document
+    change and test change against the warm start is the one ``bench/out/variants-demo-anchor-coef-float32.json``
+    holds, to the printed digits."""
+    record = _record("variants-demo-anchor-coef-float32.json")
+    warm, variants = record["warm"], record["summary"]["variants"]
+    names = {"0.3 (the demo)": "demo", "0.6": "anchor-0.6", "1": "anchor-1"}
+    text = (DOCS / "results.md").read_text(encoding="utf-8")
+    section = text.split("**The anchor's weight, with the demo as it is**", 1)[1].split("\n* ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith(("| anchor", "| ---"))]
+    assert [row.split("|")[1].strip() for row in rows] == list(names)
+
+    def figures(cell: str) -> list[float]:
+        return [float(x.replace("−", "-")) for x in re.findall(r"[−+-]\d\.\d{4}", cell)]
+
+    for row in rows:
+        label, validation, halves, scifact, nfcorpus, dbpedia = [c.strip() for c in row.strip("|").split("|")]
+        entry = variants[names[label]]
+        ood = entry["val_ood"]
+        assert figures(validation) == pytest.approx([entry["val_in"], ood["nfcorpus/dev"], ood["dbpedia/dev"]], abs=5e-5)
+        assert figures(halves) == pytest.approx([ood["halves:scifact"], ood["halves:nfcorpus"]], abs=5e-5)
+        change = {key: cell["mean"] - warm[key]["ndcg@10"] for key, cell in entry["test"].items()}
+        assert figures(scifact) == pytest.approx([change["scifact/rerank"]], abs=5e-5)
+        assert figures(nfcorpus) == pytest.approx([change["nfcorpus/rerank"], change["nfcorpus/full"]], abs=5e-5)
+        assert figures(dbpedia) == pytest.approx([change["dbpedia/rerank"], change["dbpedia/full"]], abs=5e-5)
