@@ -36,6 +36,19 @@ def _summary_rows() -> dict[str, list[str]]:
     return rows
 
 
+def _table_body(section: str) -> list[list[str]]:
+    """The cells of each body row of the first Markdown table in ``section`` (its header row and rule left out)."""
+    lines = section.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| "))
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    return [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines[start + 2:end]]
+
+
+def _signed(cell: str) -> list[float]:
+    """The signed four-decimal figures of a table cell, in order (``−`` read as a minus)."""
+    return [float(x.replace("−", "-")) for x in re.findall(r"[−+-]\d\.\d{4}", cell)]
+
+
 # --------------------------------------------------------------------------------------- figures
 
 
@@ -210,11 +223,10 @@ def test_the_results_table_of_the_tools_is_its_records():
     warm, variants = record["warm"], record["summary"]["variants"]
     text = (DOCS / "results.md").read_text(encoding="utf-8")
     section = text.split("{ #tools }", 1)[1].split("\n### ", 1)[0]
-    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith(("| variant", "| ---"))]
-    assert {row.split("|")[1].split()[0] for row in rows} == set(variants)
+    rows = _table_body(section)
+    assert {row[0].split()[0] for row in rows} == set(variants)
     number = r"([−+-]\d\.\d{4})(?: \(p (\d[\d.e-]*)\))?"
-    for row in rows:
-        name, *cells = [c.strip() for c in row.strip("|").split("|")]
+    for name, *cells in rows:
         entry = variants[name.split()[0]]
         for cell, dataset in zip(cells[:3], ("scifact", "nfcorpus", "dbpedia")):
             figures = re.findall(number, cell)
@@ -225,7 +237,7 @@ def test_the_results_table_of_the_tools_is_its_records():
                                                                        abs=5e-5), (name, dataset, stage)
                 if p:
                     assert float(p) == pytest.approx(test["p_first"], rel=0.06), (name, dataset, stage)
-        validation = [float(d.replace("−", "-")) for d, _ in re.findall(number, cells[3])]
+        validation = _signed(cells[3])
         assert validation == pytest.approx([entry["val_in"], entry["val_ood"]["nfcorpus/dev"],
                                             entry["val_ood"]["dbpedia/dev"]], abs=5e-5), name
         assert int(cells[4]) == round(entry["seconds"]), name
@@ -240,19 +252,14 @@ def test_the_results_table_of_the_anchors_weight_is_its_record():
     names = {"0.3 (the demo)": "demo", "0.6": "anchor-0.6", "1": "anchor-1"}
     text = (DOCS / "results.md").read_text(encoding="utf-8")
     section = text.split("**The anchor's weight, with the demo as it is**", 1)[1].split("\n* ", 1)[0]
-    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith(("| anchor", "| ---"))]
-    assert [row.split("|")[1].strip() for row in rows] == list(names)
-
-    def figures(cell: str) -> list[float]:
-        return [float(x.replace("−", "-")) for x in re.findall(r"[−+-]\d\.\d{4}", cell)]
-
-    for row in rows:
-        label, validation, halves, scifact, nfcorpus, dbpedia = [c.strip() for c in row.strip("|").split("|")]
+    rows = _table_body(section)
+    assert [row[0] for row in rows] == list(names)
+    for label, validation, halves, scifact, nfcorpus, dbpedia in rows:
         entry = variants[names[label]]
         ood = entry["val_ood"]
-        assert figures(validation) == pytest.approx([entry["val_in"], ood["nfcorpus/dev"], ood["dbpedia/dev"]], abs=5e-5)
-        assert figures(halves) == pytest.approx([ood["halves:scifact"], ood["halves:nfcorpus"]], abs=5e-5)
+        assert _signed(validation) == pytest.approx([entry["val_in"], ood["nfcorpus/dev"], ood["dbpedia/dev"]], abs=5e-5)
+        assert _signed(halves) == pytest.approx([ood["halves:scifact"], ood["halves:nfcorpus"]], abs=5e-5)
         change = {key: cell["mean"] - warm[key]["ndcg@10"] for key, cell in entry["test"].items()}
-        assert figures(scifact) == pytest.approx([change["scifact/rerank"]], abs=5e-5)
-        assert figures(nfcorpus) == pytest.approx([change["nfcorpus/rerank"], change["nfcorpus/full"]], abs=5e-5)
-        assert figures(dbpedia) == pytest.approx([change["dbpedia/rerank"], change["dbpedia/full"]], abs=5e-5)
+        assert _signed(scifact) == pytest.approx([change["scifact/rerank"]], abs=5e-5)
+        assert _signed(nfcorpus) == pytest.approx([change["nfcorpus/rerank"], change["nfcorpus/full"]], abs=5e-5)
+        assert _signed(dbpedia) == pytest.approx([change["dbpedia/rerank"], change["dbpedia/full"]], abs=5e-5)
