@@ -103,6 +103,16 @@ def test_the_demo_rows_equal_the_record():
         assert f"p {demo['test'][cell]['p_warm']:.2f}" in rows, cell
 
 
+def test_the_nfcorpus_train_row_equals_the_record():
+    record = _record("variants-demo-tools-nfcorpus-train.json")
+    (row,) = _summary_rows()["variants-demo-tools-nfcorpus-train.json"]
+    demo = record["summary"]["variants"]["demo"]
+    for cell in ("nfcorpus/train/rerank", "nfcorpus/train/full"):
+        test, warm = demo["test"][cell], record["warm"][cell]["ndcg@10"]
+        assert f"{warm:.4f}" in row, cell
+        assert f"{test['mean']:.4f} ± {test['sd']:.4f} (p {test['p_warm']:.2f})" in row, cell
+
+
 def test_the_export_row_states_the_records_largest_difference():
     sets = _record("exported_policy-demo.json")["result"]["sets"]
     (row,) = _summary_rows()["exported_policy-demo.json"]
@@ -241,6 +251,32 @@ def test_the_results_table_of_the_tools_is_its_records():
         assert validation == pytest.approx([entry["val_in"], entry["val_ood"]["nfcorpus/dev"],
                                             entry["val_ood"]["dbpedia/dev"]], abs=5e-5), name
         assert int(cells[4]) == round(entry["seconds"]), name
+
+
+def test_the_results_table_of_nfcorpus_train_queries_is_its_record():
+    """docs/results.md's table of NFCorpus's train and test queries: every change against the warm start, every p
+    against the demo and every run's seconds is the one ``bench/out/variants-demo-tools-nfcorpus-train.json`` holds,
+    to the printed digits."""
+    record = _record("variants-demo-tools-nfcorpus-train.json")
+    warm, variants = record["warm"], record["summary"]["variants"]
+    text = (DOCS / "results.md").read_text(encoding="utf-8")
+    section = text.split("{ #nfcorpus-train }", 1)[1].split("\n### ", 1)[0]
+    rows = _table_body(section)
+    assert sorted(row[0].split()[0] for row in rows) == sorted(variants)
+    number = r"([−+-]\d\.\d{4})(?: \(p (\d[\d.e-]*)\))?"
+    for name, train, test, seconds in rows:
+        entry = variants[name.split()[0]]
+        for cell, dataset in ((train, "nfcorpus/train"), (test, "nfcorpus")):
+            figures = re.findall(number, cell)
+            assert len(figures) == 2, (name, cell)
+            for (delta, p), stage in zip(figures, ("rerank", "full")):
+                figure = entry["test"][f"{dataset}/{stage}"]
+                assert float(delta.replace("−", "-")) == pytest.approx(
+                    figure["mean"] - warm[f"{dataset}/{stage}"]["ndcg@10"], abs=5e-5), (name, dataset, stage)
+                assert (p == "") == (figure["p_first"] is None), (name, dataset, stage)
+                if p:
+                    assert float(p) == pytest.approx(figure["p_first"], rel=0.06), (name, dataset, stage)
+        assert int(seconds) == round(entry["seconds"]), name
 
 
 def test_the_results_table_of_the_anchors_weight_is_its_record():
