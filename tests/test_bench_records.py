@@ -187,6 +187,23 @@ def test_variants_never_chooses_a_variant_that_did_not_validate_out_of_domain(ge
     assert "Validation only chooses: **demo**" in text
 
 
+def test_variants_heads_a_split_other_than_test_by_its_split_not_as_a_test_set(generate, head):
+    variants = script("variants")
+    cells = ["nfcorpus/rerank", "nfcorpus/train/rerank"]
+    figure = {"ndcg@10": 0.33, "per_query": {"q1": 0.3, "q2": 0.36}}
+    runs = [{"variant": "demo", "objective": "pg", "overrides": [], "seed": 42, "seconds": 90.0, "epoch": 4,
+             "alpha": 1.0, "val_in": 0.1, "val_ood": {"nfcorpus/dev": 0.002}, "history": [],
+             "test": {c: figure for c in cells}}]
+    record = {**head, "command": "python bench/variants.py --work /tmp/v --test", "profile": "demo",
+              "ood": ["nfcorpus/dev"], "setup_seconds": 10,
+              "warm": {c: {"ndcg@10": 0.32, "per_query": {"q1": 0.3, "q2": 0.34}} for c in cells},
+              "runs": runs, "test_cells": cells}
+    record["summary"] = variants.summarise(record, 0.005)
+    text = generate._render(as_written(record))
+    assert "| test nfcorpus/rerank | nfcorpus/train/rerank |" in text
+    assert "Cells named by their split (nfcorpus/train/rerank) evaluate that split, not a test split" in text
+
+
 def test_variants_with_forgetting_checks_never_chooses_a_variant_that_forgets_half_documents(generate, head):
     variants = script("variants")
 
