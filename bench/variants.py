@@ -60,6 +60,11 @@ def cell_key(dataset: str, split: str, stage: str) -> str:
     return f"{dataset}/{stage}" if split == "test" else f"{dataset}/{split}/{stage}"
 
 
+def names_its_split(key: str) -> bool:
+    """Whether a :func:`cell_key` is of a split other than test (``dataset/split/stage``)."""
+    return key.count("/") > 1
+
+
 def parse_variant(text: str) -> tuple[str, str, list[str]]:
     """``"name: key=value key=value"`` -> ``(name, objective, overrides)``; values may hold spaces inside brackets."""
     name, _, rest = text.partition(":")
@@ -230,7 +235,7 @@ def render(record: dict) -> str:
     has_test = any("test" in v for v in summary["variants"].values())
     cells = record.get("test_cells") or [f"{d}/{s}" for d in ("scifact", "nfcorpus") for s in STAGES]
     if has_test:
-        head += [f"test {c}" if c.count("/") == 1 else c for c in cells]  # dataset/split/stage: not a test split
+        head += [c if names_its_split(c) else f"test {c}" for c in cells]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * 3 + " ---: |" * (len(head) - 3)]
     if has_test and record.get("warm"):
         lines.append("| warm start | | | | " + " | ".join("" for _ in ood) + " | "
@@ -252,7 +257,7 @@ def render(record: dict) -> str:
     if has_test:
         text.append("Test cells: nDCG@10, mean ± standard deviation over seeds (p₁: paired t-test of per-query means over "
                     "seeds against the first variant; p₀: against the warm start). They are reported, never used to choose.")
-        named = [c for c in cells if c.count("/") > 1]
+        named = [c for c in cells if names_its_split(c)]
         if named:
             text.append(f"Cells named by their split ({', '.join(named)}) evaluate that split, not a test split, the same "
                         "way; they are reported and never used to choose either.")

@@ -49,6 +49,22 @@ def _signed(cell: str) -> list[float]:
     return [float(x.replace("−", "-")) for x in re.findall(r"[−+-]\d\.\d{4}", cell)]
 
 
+def _assert_changes(cell: str, entry: dict, warm: dict, dataset: str, name: str, *, every_p: bool = False) -> None:
+    """A results-table cell "Δrerank [(p P)] / Δfirst [(p P)]" states, to the printed digits, the record's change of
+    ``dataset`` against the warm start in both stages and the record's p against the first variant where it prints
+    one; ``every_p``: it prints one exactly where the record has one."""
+    figures = re.findall(r"([−+-]\d\.\d{4})(?: \(p (\d[\d.e-]*)\))?", cell)
+    assert len(figures) == 2, (name, cell)
+    for (delta, p), stage in zip(figures, ("rerank", "full")):
+        figure = entry["test"][f"{dataset}/{stage}"]
+        assert float(delta.replace("−", "-")) == pytest.approx(
+            figure["mean"] - warm[f"{dataset}/{stage}"]["ndcg@10"], abs=5e-5), (name, dataset, stage)
+        if every_p:
+            assert (p == "") == (figure["p_first"] is None), (name, dataset, stage)
+        if p:
+            assert float(p) == pytest.approx(figure["p_first"], rel=0.06), (name, dataset, stage)
+
+
 # --------------------------------------------------------------------------------------- figures
 
 
@@ -235,18 +251,10 @@ def test_the_results_table_of_the_tools_is_its_records():
     section = text.split("{ #tools }", 1)[1].split("\n### ", 1)[0]
     rows = _table_body(section)
     assert {row[0].split()[0] for row in rows} == set(variants)
-    number = r"([−+-]\d\.\d{4})(?: \(p (\d[\d.e-]*)\))?"
     for name, *cells in rows:
         entry = variants[name.split()[0]]
         for cell, dataset in zip(cells[:3], ("scifact", "nfcorpus", "dbpedia")):
-            figures = re.findall(number, cell)
-            assert len(figures) == 2, (name, cell)
-            for (delta, p), stage in zip(figures, ("rerank", "full")):
-                test = entry["test"][f"{dataset}/{stage}"]
-                assert float(delta.replace("−", "-")) == pytest.approx(test["mean"] - warm[f"{dataset}/{stage}"]["ndcg@10"],
-                                                                       abs=5e-5), (name, dataset, stage)
-                if p:
-                    assert float(p) == pytest.approx(test["p_first"], rel=0.06), (name, dataset, stage)
+            _assert_changes(cell, entry, warm, dataset, name)
         validation = _signed(cells[3])
         assert validation == pytest.approx([entry["val_in"], entry["val_ood"]["nfcorpus/dev"],
                                             entry["val_ood"]["dbpedia/dev"]], abs=5e-5), name
@@ -263,19 +271,10 @@ def test_the_results_table_of_nfcorpus_train_queries_is_its_record():
     section = text.split("{ #nfcorpus-train }", 1)[1].split("\n### ", 1)[0]
     rows = _table_body(section)
     assert sorted(row[0].split()[0] for row in rows) == sorted(variants)
-    number = r"([−+-]\d\.\d{4})(?: \(p (\d[\d.e-]*)\))?"
     for name, train, test, seconds in rows:
         entry = variants[name.split()[0]]
         for cell, dataset in ((train, "nfcorpus/train"), (test, "nfcorpus")):
-            figures = re.findall(number, cell)
-            assert len(figures) == 2, (name, cell)
-            for (delta, p), stage in zip(figures, ("rerank", "full")):
-                figure = entry["test"][f"{dataset}/{stage}"]
-                assert float(delta.replace("−", "-")) == pytest.approx(
-                    figure["mean"] - warm[f"{dataset}/{stage}"]["ndcg@10"], abs=5e-5), (name, dataset, stage)
-                assert (p == "") == (figure["p_first"] is None), (name, dataset, stage)
-                if p:
-                    assert float(p) == pytest.approx(figure["p_first"], rel=0.06), (name, dataset, stage)
+            _assert_changes(cell, entry, warm, dataset, name, every_p=True)
         assert int(seconds) == round(entry["seconds"]), name
 
 
