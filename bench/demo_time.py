@@ -5,7 +5,9 @@ takes on the same machine, not by stage times taken on different days or CPUs. E
 checkout into ``--work`` (a fresh clone per run, so every run builds everything from nothing: datasets, the ONNX
 export, corpus embeddings, candidates, training and evaluation) and ``pgrank demo`` runs there with that revision's
 code first on ``PYTHONPATH``, under this interpreter and its installed packages. The runs are interleaved (A, B, A,
-B, ...) so that a machine growing slower or faster during the benchmark weighs on every revision alike.
+B, ...) so that a machine growing slower or faster during the benchmark weighs on every revision alike. A ``--rev``
+may carry ``--set KEY=VALUE`` overrides after the revision (``--rev "HEAD --set models.backends.minilm=auto"``):
+that run is ``pgrank --set KEY=VALUE demo``, so one revision can be timed under another setting beside itself.
 
 Recorded per run: the wall time of ``pgrank demo``, the stage walls it logs (``pgrank: <stage>: wall X s``; a
 process running several stages logs its own wall since it started after each) and the training stages' sum;
@@ -51,6 +53,17 @@ def training_seconds(walls: dict[str, float]) -> float:
     return sum(seconds for stage, seconds in walls.items() if stage.startswith("train-"))
 
 
+def parse_rev(spec: str) -> tuple[str, list[str]]:
+    """``"REV --set K=V ..."`` -> ``(REV, ["--set", "K=V", ...])``: a revision and the overrides its demo runs with."""
+    words = shlex.split(spec)
+    if not words or words[0].startswith("-"):
+        raise SystemExit(f"--rev {spec!r}: expected a git revision first, then optional --set KEY=VALUE")
+    rev, rest = words[0], words[1:]
+    if len(rest) % 2 or any(flag != "--set" or "=" not in value for flag, value in zip(rest[::2], rest[1::2])):
+        raise SystemExit(f"--rev {spec!r}: after the revision only --set KEY=VALUE pairs may follow")
+    return rev, rest
+
+
 def clone(rev: str, folder: Path) -> str:
     """A fresh clone of this checkout at ``rev``; returns its full commit id."""
     if folder.exists():
@@ -64,13 +77,14 @@ def clone(rev: str, folder: Path) -> str:
                           text=True).stdout.strip()
 
 
-def run_demo(folder: Path, mirror: Path, log: Path) -> tuple[int, float, str]:
-    """``pgrank demo`` in ``folder`` with that clone's code imported first; ``(exit code, wall seconds, output)``."""
+def run_demo(folder: Path, mirror: Path, log: Path, overrides: list[str] = ()) -> tuple[int, float, str]:
+    """``pgrank [--set K=V ...] demo`` in ``folder`` with that clone's code imported first; ``(exit code, wall seconds,
+    output)``."""
     env = dict(os.environ, PYTHONPATH=str(folder), PGRANK_BEIR_MIRROR=str(mirror))
     pgrank = Path(sys.executable).parent / "pgrank"
     start = time.perf_counter()
     with log.open("w", encoding="utf-8") as out:
-        code = subprocess.run([str(pgrank), "demo"], cwd=folder, env=env, stdout=out, stderr=subprocess.STDOUT).returncode
+        code = subprocess.run([str(pgrank), *overrides, "demo"], cwd=folder, env=env, stdout=out, stderr=subprocess.STDOUT).returncode
     wall = time.perf_counter() - start
     return code, wall, log.read_text(encoding="utf-8", errors="replace")
 
@@ -91,18 +105,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", type=Path, required=True, help="where the clones and their runs go")
     parser.add_argument("--mirror", type=Path, required=True, help="a local copy of BEIR's download server")
-    parser.add_argument("--rev", action="append", required=True, help="a git revision of this checkout (repeatable)")
+    parser.add_argument("--rev", action="append", required=True, help="a git revision of this checkout, optionally "
+                        "followed by --set KEY=VALUE overrides for its demo (repeatable)")
     parser.add_argument("--repeats", type=int, default=1)
     add_out_option(parser, __file__)
     args = parser.parse_args()
+    specs = [parse_rev(spec) for spec in args.rev]  # a malformed --rev stops before any run
     mirror = args.mirror.resolve()
     args.work.mkdir(parents=True, exist_ok=True)
     runs = []
     for repeat in range(1, args.repeats + 1):
-        for i, rev in enumerate(args.rev):
+        for i, (rev, (checkout, overrides)) in enumerate(zip(args.rev, specs)):
             folder = args.work / f"rev{i}-run{repeat}"
-            commit = clone(rev, folder)
-            code, wall, output = run_demo(folder, mirror, args.work / f"rev{i}-run{repeat}.log")
+            commit = clone(checkout, folder)
+            code, wall, output = run_demo(folder, mirror, args.work / f"rev{i}-run{repeat}.log", overrides)
             if code != 0:
                 raise SystemExit(f"{rev}: pgrank demo exited {code}; its output: {args.work / f'rev{i}-run{repeat}.log'}")
             walls = stage_walls(output)

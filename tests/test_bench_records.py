@@ -312,6 +312,16 @@ def test_demo_time_reads_the_stage_walls_a_demo_logs_and_renders_each_revision_a
     assert text.endswith("| 2 | 1 | 540 | 1.20x |")
 
 
+def test_demo_time_runs_a_revision_under_its_own_overrides_and_refuses_anything_else_after_it():
+    demo_time = script("demo_time")
+    assert demo_time.parse_rev("819672c") == ("819672c", [])
+    assert demo_time.parse_rev("HEAD --set models.backends.minilm=auto --set train.epochs=2") == (
+        "HEAD", ["--set", "models.backends.minilm=auto", "--set", "train.epochs=2"])
+    for spec in ["", "--set a=b", "HEAD --set", "HEAD --set a", "HEAD --profile demo", "HEAD extra"]:
+        with pytest.raises(SystemExit, match="--rev"):
+            demo_time.parse_rev(spec)
+
+
 def test_pipeline_resources_and_paper_smoke_render_each_stage_kind_and_the_disk(generate, head):
     groups = {"download": {"runs": 1, "wall_s": 8.0, "peak_rss_mib": 255.5},
               "train": {"runs": 1, "wall_s": 306.0, "peak_rss_mib": 2251.2}}
