@@ -375,7 +375,9 @@ def _timings(record: dict) -> str:
     """A record that times the code at the revisions its command names (``bench/demo_time.py --rev A --rev B``):
     the revisions by their place in the command (a revision's name is git's business, not the page's)."""
     place = {r["rev"]: i + 1 for i, r in enumerate(record["revisions"])}
-    out = ["Each `--rev` of the command by its place: 1 for the first, 2 for the second.", "",
+    nth = ("first", "second", "third", "fourth")
+    places = ", ".join(f"{i + 1} for the {nth[i]}" for i in range(min(max(len(place), 2), len(nth))))
+    out = [f"Each `--rev` of the command by its place: {places}{', and so on' if len(place) > len(nth) else ''}.", "",
            "| `--rev` | run | `pgrank demo` s | training s | the rest s |", "| ---: | ---: | ---: | ---: | ---: |"]
     out += [f"| {place[r['rev']]} | {r['repeat']} | {r['seconds']:.0f} | {r['training']:.0f} | "
             f"{r['seconds'] - r['training']:.0f} |" for r in record["runs"]]
