@@ -31,6 +31,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -77,7 +78,7 @@ def clone(rev: str, folder: Path) -> str:
                           text=True).stdout.strip()
 
 
-def run_demo(folder: Path, mirror: Path, log: Path, overrides: list[str] = ()) -> tuple[int, float, str]:
+def run_demo(folder: Path, mirror: Path, log: Path, overrides: Sequence[str] = ()) -> tuple[int, float, str]:
     """``pgrank [--set K=V ...] demo`` in ``folder`` with that clone's code imported first; ``(exit code, wall seconds,
     output)``."""
     env = dict(os.environ, PYTHONPATH=str(folder), PGRANK_BEIR_MIRROR=str(mirror))

@@ -376,7 +376,7 @@ def _timings(record: dict) -> str:
     the revisions by their place in the command (a revision's name is git's business, not the page's)."""
     place = {r["rev"]: i + 1 for i, r in enumerate(record["revisions"])}
     nth = ("first", "second", "third", "fourth")
-    places = ", ".join(f"{i + 1} for the {nth[i]}" for i in range(min(max(len(place), 2), len(nth))))
+    places = ", ".join(f"{i} for the {word}" for i, word in enumerate(nth[: len(place)], 1))
     out = [f"Each `--rev` of the command by its place: {places}{', and so on' if len(place) > len(nth) else ''}.", "",
            "| `--rev` | run | `pgrank demo` s | training s | the rest s |", "| ---: | ---: | ---: | ---: | ---: |"]
     out += [f"| {place[r['rev']]} | {r['repeat']} | {r['seconds']:.0f} | {r['training']:.0f} | "

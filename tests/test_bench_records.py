@@ -308,6 +308,7 @@ def test_demo_time_reads_the_stage_walls_a_demo_logs_and_renders_each_revision_a
                                           {"rev": "HEAD", "runs": 1, "mean_seconds": 540.0}]}
     text = generate._render(as_written(record))
     assert "| 2 | 1 | 540 | 185 | 355 |" in text  # each revision by its place in the command, never its hash
+    assert "by its place: 1 for the first, 2 for the second." in text
     assert "bbbbbbb" not in text and "| HEAD |" not in text
     assert text.endswith("| 2 | 1 | 540 | 1.20x |")
 
