@@ -53,7 +53,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 import paper_models  # noqa: E402
 from flops import counted_flops, device_peak, percent, rate, real_tokens, sync, with_arithmetic  # noqa: E402
-from machine import machine_record  # noqa: E402
+from record import machine_record  # noqa: E402
 from record import add_set_option  # noqa: E402
 
 LENGTHS = (32, 64, 128, 256, 512)

@@ -1,7 +1,8 @@
-"""A benchmark's record: what every ``bench/*.py`` script writes to ``bench/out/<script>.json``.
+"""The plumbing shared by benchmarks and studies: a record, what every ``bench/*.py`` script writes to
+``bench/out/<script>.json`` and every ``studies/*.py`` script to ``studies/out/<script>.json``, and the machine it ran on.
 
 A record is plain JSON: ``command`` (how the script was invoked, ``python bench/<script>.py <args>``), ``title`` (one
-line saying what it measures), ``machine`` (:func:`machine.machine_record`: CPU and flags, cores, memory, GPUs,
+line saying what it measures), ``machine`` (:func:`machine_record`: CPU and flags, cores, memory, GPUs,
 library versions) and the script's results, the numbers behind every table it prints. Each script's
 ``render(record)`` turns a record into the Markdown it prints; the docs' benchmarks page (``docs/generate.py``) calls
 the same function on the files under ``bench/out/``, so a figure on that page is the one the command printed.
@@ -20,22 +21,99 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
+import re
 import shlex
 import sys
 from collections.abc import Callable, Sequence
+from importlib import metadata
 from pathlib import Path
 
-from machine import machine_record
+LIBRARIES = ("torch", "transformers", "sentence-transformers", "onnxruntime", "faiss-cpu", "faiss-gpu", "numpy",
+             "tokenizers", "bm25s")
+FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8", "amx_tile")
+
+
+def _cpuinfo() -> tuple[str, list[str]]:
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return platform.processor() or platform.machine(), []
+    model, flags = platform.processor(), set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and value.strip():
+            model = value.strip()
+        elif key.strip() == "flags":
+            flags = set(value.split())
+    return model, [f for f in FLAGS if f in flags]
+
+
+def _memory_gib() -> float | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return round(int(line.split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    return None
+
+
+def _gpus() -> list[dict]:
+    try:
+        import torch
+    except ImportError:
+        return []
+    if not torch.cuda.is_available():
+        return []
+    out = []
+    for i in range(torch.cuda.device_count()):
+        p = torch.cuda.get_device_properties(i)
+        out.append({"name": p.name, "memory_gib": round(p.total_memory / 2**30, 1),
+                    "capability": f"{p.major}.{p.minor}", "multiprocessors": p.multi_processor_count})
+    return out
+
+
+def _driver() -> str | None:
+    """The NVIDIA kernel module's version ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04 ...")."""
+    try:
+        found = re.search(r"Kernel Module.*?\s(\d+\.\d+(?:\.\d+)?)\b", Path("/proc/driver/nvidia/version").read_text())
+    except OSError:
+        return None
+    return found.group(1) if found else None
+
+
+def machine_record() -> dict:
+    """Everything above as one JSON-ready dict."""
+    model, flags = _cpuinfo()
+    versions = {}
+    for name in LIBRARIES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    gpus = _gpus()
+    cuda = None
+    if gpus:
+        import torch
+
+        cuda = torch.version.cuda
+    return {"cpu": model, "cpu_flags": flags, "cores": os.cpu_count(), "memory_gib": _memory_gib(),
+            "gpu": gpus[0]["name"] if gpus else None, "gpus": gpus, "nvidia_driver": _driver(), "cuda": cuda,
+            "python": platform.python_version(), "platform": platform.platform(), "libraries": versions}
+
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "out"
 
 
 def add_out_option(parser: argparse.ArgumentParser, script: str) -> None:
-    """``--out``: where the record of ``script`` (its ``__file__``) goes, by default ``bench/out/<script>.json``."""
-    name = Path(script).stem
-    parser.add_argument("--out", type=Path, default=OUT / f"{name}.json",
-                        help=f"the JSON record to write (default: bench/out/{name}.json)")
+    """``--out``: where the record of ``script`` (its ``__file__``) goes, by default ``out/<script>.json`` beside it
+    (``bench/out/`` for a benchmark, ``studies/out/`` for a study)."""
+    path = Path(script).resolve()
+    folder = path.parent.name
+    parser.add_argument("--out", type=Path, default=path.parent / "out" / f"{path.stem}.json",
+                        help=f"the JSON record to write (default: {folder}/out/{path.stem}.json)")
 
 
 def add_mirror_option(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
@@ -62,8 +140,10 @@ def set_args(overrides: Sequence[str]) -> list[str]:
 
 
 def new_record(title: str) -> dict:
-    """The record's head: the command as invoked (``python bench/<script>.py <args>``), ``title`` and the machine."""
-    script = f"bench/{Path(sys.argv[0]).name}"
+    """The record's head: the command as invoked (``python bench/<script>.py <args>`` or ``python
+    studies/<script>.py <args>``), ``title`` and the machine."""
+    invoked = Path(sys.argv[0])
+    script = f"{'studies' if invoked.parent.name == 'studies' else 'bench'}/{invoked.name}"
     return {"command": "python " + shlex.join([script, *sys.argv[1:]]), "title": title, "machine": machine_record()}
 
 

@@ -5,13 +5,13 @@
   default (the paper's value as committed), its meaning (the field's description, else the comment beside the key in
   ``params.yaml``) and the DVC stages that read it (their ``params:`` in ``dvc.yaml``);
 * ``reference/cli.md``: every ``pgrank`` command with its arguments and options, from the Typer app (``cli.py``);
-* ``benchmarks.md``: every benchmark record under ``bench/out/`` (each written by a ``bench/*.py`` script with the
-  machine it ran on) as tables, under its title, with its command as a reader reruns it (scratch folders as ``W``,
+* ``benchmarks.md`` and ``studies.md``: every record under ``bench/out/`` (written by a ``bench/*.py`` script) or
+  ``studies/out/`` (a ``studies/*.py`` script), each with the machine it ran on, as tables, under its title, with its command as a reader reruns it (scratch folders as ``W``,
   the BEIR mirror as ``$PGRANK_BEIR_MIRROR``, the output as the record's own path);
 * the findings page's figures (``docs/plots.py``), PNGs under ``docs/img/findings/`` drawn from their records.
 
 Sphinx roles in docstrings (``:mod:`x```, ``:func:`x```) and reStructuredText literals reach the pages as plain code.
-Run ``python docs/generate.py`` to rewrite the three pages and the figures.
+Run ``python docs/generate.py`` to rewrite the four pages and the figures.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
-PAGES = {"reference/configuration.md": "configuration", "reference/cli.md": "cli", "benchmarks.md": "benchmarks"}
+PAGES = {"reference/configuration.md": "configuration", "reference/cli.md": "cli", "benchmarks.md": "benchmarks",
+         "studies.md": "studies"}
 
 
 # --------------------------------------------------------------------------------------- text
@@ -200,15 +201,16 @@ def cli() -> str:
 
 
 def _bench_on_path() -> None:
-    """``bench/`` importable: the scripts import their neighbours (``bench/record.py``, ``bench/machine.py``)."""
-    if str(ROOT / "bench") not in sys.path:
-        sys.path.insert(0, str(ROOT / "bench"))
+    """``bench/`` and ``studies/`` importable: the scripts import their neighbours and ``bench/record.py``."""
+    for folder in ("studies", "bench"):
+        if str(ROOT / folder) not in sys.path:
+            sys.path.insert(0, str(ROOT / folder))
 
 
 def _machine(m: dict) -> str:
     """One line: CPU (cores, memory; the flags that decide pgrank's CPU backends), GPU, Python and library versions."""
     _bench_on_path()
-    from machine import FLAGS  # bench/machine.py
+    from record import FLAGS  # bench/record.py
 
     gpu = f", {m['gpu']} ({m.get('cuda') and 'CUDA ' + m['cuda']})" if m.get("gpu") else ""
     versions = dict(m.get("libraries") or m.get("versions") or {})
@@ -219,10 +221,10 @@ def _machine(m: dict) -> str:
     return f"{m.get('cpu')} ({m.get('cores')} cores, {memory} GiB; {flags}){gpu}; Python {python}; {libs}"
 
 
-def rerunnable(command: str, record_name: str) -> str:
+def rerunnable(command: str, record_name: str, where: str = "bench/out") -> str:
     """A record's command as a reader reruns it: the scratch folder (``--work``, and any other absolute path) as
-    ``W``, the BEIR mirror as ``$PGRANK_BEIR_MIRROR``, the output as the record's own path under ``bench/out/``."""
-    command = re.sub(r"--out\s+\S+", f"--out bench/out/{record_name}", command)
+    ``W``, the BEIR mirror as ``$PGRANK_BEIR_MIRROR``, the output as the record's own path under ``where``."""
+    command = re.sub(r"--out\s+\S+", f"--out {where}/{record_name}", command)
     command = re.sub(r"--mirror\s+\S+", "--mirror $PGRANK_BEIR_MIRROR", command)
     command = re.sub(r"(?:\.\./)+shared/data/beir\b", "$PGRANK_BEIR_MIRROR", command)
     work = re.search(r"--work\s+(\S+)", command)
@@ -298,25 +300,45 @@ def titles(records: dict[Path, dict]) -> dict[Path, str]:
             for path, title in out.items()}
 
 
-def benchmarks(folder: Path = ROOT / "bench" / "out") -> str:
-    """The benchmarks page: every record of ``folder`` (``bench/out/``) under its title, with its command and machine."""
-    out = ["# Benchmarks", "",
-           "Every figure here is read from a record under `bench/out/`, which a `bench/*.py` script wrote together",
-           "with the machine it ran on; this page is generated from them by `python docs/generate.py`. Rerun a",
-           "script to measure your own machine: each record gives its command, with `W` for a scratch folder of",
-           "your choice and `$PGRANK_BEIR_MIRROR` for the folder of the BEIR zips.", ""]
+def _records_page(folder: Path, where: str, heading: str, intro: list[str], empty: str) -> str:
+    """A page of every record of ``folder`` under its title, with its command and machine; ``where`` is the record's
+    folder as the page names it (``bench/out`` or ``studies/out``)."""
+    out = [f"# {heading}", "", *intro, ""]
     paths = sorted(Path(folder).glob("*.json"))
     if not paths:
-        return "\n".join(out + ["No benchmark has been recorded yet.", ""])
+        return "\n".join(out + [empty, ""])
     records = {path: json.loads(path.read_text(encoding="utf-8")) for path in paths}
     headings = titles(records)
     for path, record in records.items():
         anchor = re.sub(r"[^a-z0-9]+", "-", path.stem.lower()).strip("-")
-        out += [f"## {headings[path]} {{ #{anchor} }}", "", f"Record `bench/out/{path.name}`, written by:", "",
-                "```bash", rerunnable(record["command"], path.name), "```", "",
-                f"Machine of `bench/out/{path.name}`: {_machine(record['machine'])}.", ""]
-        out += [traced(_render(record), f"bench/out/{path.name}"), ""]
+        out += [f"## {headings[path]} {{ #{anchor} }}", "", f"Record `{where}/{path.name}`, written by:", "",
+                "```bash", rerunnable(record["command"], path.name, where), "```", "",
+                f"Machine of `{where}/{path.name}`: {_machine(record['machine'])}.", ""]
+        out += [traced(_render(record), f"{where}/{path.name}"), ""]
     return "\n".join(out)
+
+
+def benchmarks(folder: Path = ROOT / "bench" / "out") -> str:
+    """The benchmarks page: every record of ``folder`` (``bench/out/``), what the product's speed, memory and cost
+    are measured by."""
+    return _records_page(Path(folder), "bench/out", "Benchmarks", [
+        "Every figure here is read from a record under `bench/out/`, which a `bench/*.py` script wrote together",
+        "with the machine it ran on; this page is generated from them by `python docs/generate.py`. Rerun a",
+        "script to measure your own machine: each record gives its command, with `W` for a scratch folder of",
+        "your choice and `$PGRANK_BEIR_MIRROR` for the folder of the BEIR zips. Studies, which answer a question",
+        "about the method once, are on [their own page](studies.md)."], "No benchmark has been recorded yet.")
+
+
+def studies(folder: Path = ROOT / "studies" / "out") -> str:
+    """The studies page: every record of ``folder`` (``studies/out/``), each the answer of a ``studies/*.py`` script
+    to one question about the method."""
+    return _records_page(Path(folder), "studies/out", "Studies", [
+        "Every figure here is read from a record under `studies/out/`, which a `studies/*.py` script wrote together",
+        "with the machine it ran on; this page is generated from them by `python docs/generate.py`. Each study",
+        "answers one question about the method (its script's first lines say which, and which page reports it);",
+        "each record gives its command, with `W` for a scratch folder and `$PGRANK_BEIR_MIRROR` for the folder",
+        "of the BEIR zips. The product's speed, memory and cost are on the [benchmarks page](benchmarks.md)."],
+        "No study has been recorded yet.")
 
 
 def traced(markdown: str, record: str) -> str:
@@ -412,7 +434,7 @@ def _render(record: dict) -> str:
 def generate() -> dict[str, str]:
     """``{page path under docs/: its content}`` of every generated page."""
     sys.path.insert(0, str(ROOT))
-    makers = {"configuration": configuration, "cli": cli, "benchmarks": benchmarks}
+    makers = {"configuration": configuration, "cli": cli, "benchmarks": benchmarks, "studies": studies}
     return {page: makers[name]().rstrip() + "\n" for page, name in PAGES.items()}
 
 

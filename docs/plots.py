@@ -1,4 +1,4 @@
-"""The findings page's figures, drawn from the benchmark records under ``bench/out/`` at docs build time.
+"""The findings page's figures, drawn from the study records under ``studies/out/`` at docs build time.
 
 ``docs/hooks.py`` calls :func:`generate.write_all` before every ``mkdocs build``, which calls :func:`write_all` here:
 each figure is read from its record and written as a PNG under ``docs/img/findings/`` (ignored by git, so that no
@@ -7,11 +7,11 @@ stale image outlives its record). The figures follow ``pgrank tables``'s convent
 ``figures.write_png``, which saves the same bytes for the same inputs.
 
 * ``demo-validation.png``: the demo's validation nDCG@10 per epoch and seed, in domain and on each out-of-domain
-  validation set (``bench/out/variants-demo-ood.json``);
+  validation set (``studies/out/variants-demo-ood.json``);
 * ``kl-tradeoff.png``: the test change against the warm start in domain (scifact) and out of domain (NFCorpus) of
-  the demo's selection rules with the KL term and without it (``bench/out/variants-demo-one-se.json``);
+  the demo's selection rules with the KL term and without it (``studies/out/variants-demo-one-se.json``);
 * ``objectives.png``: PG-Rank's variants against InfoNCE on scifact's validation split
-  (``bench/out/variants-compare.json``).
+  (``studies/out/variants-compare.json``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "bench" / "out"
+OUT = ROOT / "studies" / "out"
 IMAGES = ROOT / "docs" / "img" / "findings"
 
 # {PNG name: the record it is drawn from}; the findings page names the same records.

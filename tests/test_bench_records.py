@@ -24,19 +24,27 @@ from script_modules import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
+STUDIES = ROOT / "studies"
+
+
+def _folder(name: str) -> Path:
+    """The folder of script ``name``: ``studies/`` for a study, else ``bench/``."""
+    return STUDIES if (STUDIES / f"{name}.py").is_file() else BENCH
 
 
 @pytest.fixture(scope="module")
 def generate():
-    """``docs/generate.py`` and the bench scripts' own imports (``bench/record.py``, ``bench/machine.py``)."""
+    """``docs/generate.py`` and the scripts' own imports (``bench/record.py``, and a study's neighbours)."""
     with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(STUDIES))
         mp.syspath_prepend(str(BENCH))
         yield load_script(ROOT / "docs" / "generate.py", "_docs_generate")
 
 
 def script(name: str):
-    """``bench/<name>.py`` as a module (its ``render`` and result functions), without running it."""
-    return load_script(BENCH / f"{name}.py", f"_bench_{name}")
+    """``bench/<name>.py`` or ``studies/<name>.py`` as a module (its ``render`` and result functions), without running
+    it."""
+    return load_script(_folder(name) / f"{name}.py", f"_bench_{name}")
 
 
 def _runs(tiny: Path, mirror: Path, work: Path) -> dict[str, list[str]]:
@@ -83,10 +91,10 @@ def recorded(generate, tmp_path_factory, tiny_model_dir, beir_mirror) -> tuple[P
         mp.setenv("PGRANK_BEIR_MIRROR", str(beir_mirror))
         mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{work / 'mlflow.db'}")  # one tracking database for all
         for name, args in _runs(tiny_model_dir, beir_mirror, work).items():
-            mp.setattr(sys, "argv", [f"bench/{name}.py", *args, "--out", str(out / f"{name}.json")])
+            mp.setattr(sys, "argv", [f"{_folder(name).name}/{name}.py", *args, "--out", str(out / f"{name}.json")])
             buffer = io.StringIO()
             with contextlib.redirect_stdout(buffer):
-                runpy.run_path(str(BENCH / f"{name}.py"), run_name="__main__")
+                runpy.run_path(str(_folder(name) / f"{name}.py"), run_name="__main__")
             printed[name] = buffer.getvalue()
     return out, printed
 
@@ -98,7 +106,7 @@ QUICK = ["estimator", "search", "evaluation", "tables", "training", "mining", "b
 def test_a_script_writes_its_record_and_prints_its_rendering(recorded, name):
     out, printed = recorded
     record = json.loads((out / f"{name}.json").read_text())
-    assert record["command"].startswith(f"python bench/{name}.py ")
+    assert record["command"].startswith(f"python {_folder(name).name}/{name}.py ")
     assert record["command"].endswith(f"--out {out / f'{name}.json'}")
     assert record["title"] and "\n" not in record["title"]
     assert record["machine"]["cores"] >= 1 and record["machine"]["libraries"]["torch"]
@@ -125,7 +133,7 @@ def test_the_benchmarks_page_renders_every_record(generate, recorded):
 @pytest.fixture(scope="module")
 def head() -> dict:
     """A record's head as ``bench/record.py`` writes it, on this machine."""
-    return {"title": "fixture", "machine": load_script(BENCH / "machine.py", "_bench_machine").machine_record()}
+    return {"title": "fixture", "machine": load_script(BENCH / "record.py", "_bench_machine").machine_record()}
 
 
 def as_written(record: dict) -> dict:
@@ -137,7 +145,7 @@ def test_compare_lr_renders_its_grid_and_the_chosen_rates(generate, head):
     compare_lr = script("compare_lr")
     results = {"pg": {1e-5: (0.60, 0.03, 100.0), 3e-5: (0.65, 0.08, 101.0), 1e-4: (0.62, 0.05, 99.0)},
                "listmle": {1e-6: (0.57, 0.0, 98.0), 1e-5: (0.43, -0.14, 97.0)}}
-    record = {**head, "command": "python bench/compare_lr.py --work /tmp/lr", "profile": "compare",
+    record = {**head, "command": "python studies/compare_lr.py --work /tmp/lr", "profile": "compare",
               "grid": [1e-5, 3e-5, 1e-4], "extend": 2, "objectives": ["pg", "listmle"], "setup_seconds": 60.0,
               **compare_lr.grid_results(results)}
     text = generate._render(as_written(record))
@@ -158,7 +166,7 @@ def test_kl_ablation_renders_every_run_and_the_setting_chosen_on_validation(gene
                                                          ("none", "guarded", 4, 0.73, 0.10, -0.006),
                                                          ("top1 0.1", "last", 4, 0.72, 0.09, 0.004),
                                                          ("top1 0.1", "guarded", 3, 0.71, 0.08, 0.004)]]
-    record = {**head, "command": "python bench/kl_ablation.py --work /tmp/kl", "coefs": [0.1], "kinds": ["top1"],
+    record = {**head, "command": "python studies/kl_ablation.py --work /tmp/kl", "coefs": [0.1], "kinds": ["top1"],
               "ood": ["nfcorpus/dev"], "margin": 0.005, "columns": kl.COLUMNS, "setup_seconds": 60.0,
               "warm_start": test_figures(0.65, None), "runs": runs, "chosen": kl.choose(runs, 0.005)}
     text = generate._render(as_written(record))
@@ -176,7 +184,7 @@ def test_variants_never_chooses_a_variant_that_did_not_validate_out_of_domain(ge
 
     runs = [run("demo", 42, 0.10, {"nfcorpus/dev": 0.002}, 90.0), run("demo", 43, 0.11, {"nfcorpus/dev": 0.001}, 94.0),
             run("in-domain", 42, 0.12, {}, None), run("in-domain", 43, 0.13, {}, None)]  # read back with --reuse
-    record = {**head, "command": "python bench/variants.py --work /tmp/v --reuse", "profile": "demo",
+    record = {**head, "command": "python studies/variants.py --work /tmp/v --reuse", "profile": "demo",
               "ood": ["nfcorpus/dev"], "setup_seconds": 10, "warm": None, "runs": runs}
     record["summary"] = variants.summarise(record, 0.005)
     assert record["summary"]["chosen"] == "demo"  # in-domain gains more, but never showed that it is safe
@@ -194,7 +202,7 @@ def test_variants_heads_a_split_other_than_test_by_its_split_not_as_a_test_set(g
     runs = [{"variant": "demo", "objective": "pg", "overrides": [], "seed": 42, "seconds": 90.0, "epoch": 4,
              "alpha": 1.0, "val_in": 0.1, "val_ood": {"nfcorpus/dev": 0.002}, "history": [],
              "test": {c: figure for c in cells}}]
-    record = {**head, "command": "python bench/variants.py --work /tmp/v --test", "profile": "demo",
+    record = {**head, "command": "python studies/variants.py --work /tmp/v --test", "profile": "demo",
               "ood": ["nfcorpus/dev"], "setup_seconds": 10,
               "warm": {c: {"ndcg@10": 0.32, "per_query": {"q1": 0.3, "q2": 0.34}} for c in cells},
               "runs": runs, "test_cells": cells}
@@ -213,7 +221,7 @@ def test_variants_with_forgetting_checks_never_chooses_a_variant_that_forgets_ha
                 "history": []}
 
     runs = [run("demo", 0.11, -0.026), run("anchor", 0.10, -0.003)]
-    record = {**head, "command": "python bench/variants.py --work /tmp/v --forgetting", "profile": "demo",
+    record = {**head, "command": "python studies/variants.py --work /tmp/v --forgetting", "profile": "demo",
               "ood": ["nfcorpus/dev", "halves:nfcorpus"], "setup_seconds": 10, "warm": None, "runs": runs}
     record["summary"] = variants.summarise(record, 0.005)
     assert record["summary"]["chosen"] == "anchor"  # demo gains more in domain, but forgets half-documents
@@ -286,7 +294,7 @@ def test_embedding_precision_backends_mining_and_training_render_their_long_part
                 "mining": "| dense | failed (exit code 1) |  |",
                 "training": "| chunked | 100.0 | 120.0 | 1.20 |"}
     for name, body in records.items():
-        record = {**head, "command": f"python bench/{name}.py", **body}
+        record = {**head, "command": f"python {_folder(name).name}/{name}.py", **body}
         assert expected[name] in generate._render(as_written(record)), name
 
 
@@ -398,7 +406,7 @@ def test_step_overhead_twin_cuts_as_many_chunks_as_the_step_and_holds_the_longes
 
 
 def test_exported_policy_renders_both_figures_and_their_difference_per_set_and_stage(generate, head):
-    record = {**head, "command": "python bench/exported_policy.py --profile demo",
+    record = {**head, "command": "python studies/exported_policy.py --profile demo",
               "result": {"policy": "pgrank-minilm", "backend": "auto", "sets": {
                   "scifact/test": {"rerank": {"queries": 300, "plain": 0.7321, "pgrank": 0.7318, "difference": 0.0003}}}}}
     text = generate._render(as_written(record))
@@ -410,7 +418,7 @@ def test_exported_policy_renders_both_figures_and_their_difference_per_set_and_s
 def test_exported_policy_renders_the_policys_gain_over_its_warm_start_both_ways(generate, head):
     stage = {"queries": 323, "plain": 0.3111, "pgrank": 0.3137, "difference": -0.0026, "warm_start_plain": 0.3135,
              "warm_start_pgrank": 0.3162, "gain_plain": -0.0024, "gain_pgrank": -0.0025}
-    record = {**head, "command": "python bench/exported_policy.py --profile demo",
+    record = {**head, "command": "python studies/exported_policy.py --profile demo",
               "result": {"policy": "pgrank-minilm", "warm_start": "minilm", "backend": "auto", "tower": "query",
                          "backends": {"minilm": "onnx"}, "sets": {"nfcorpus/test": {"full": stage}}}}
     text = generate._render(as_written(record))
@@ -425,7 +433,7 @@ def test_no_bench_option_defaults_to_a_folder_beside_the_clone():
     import ast
 
     offenders = []
-    for path in sorted(BENCH.glob("*.py")):
+    for path in sorted([*BENCH.glob("*.py"), *STUDIES.glob("*.py")]):
         tree = ast.parse(path.read_text(), str(path))
         for node in ast.walk(tree):
             if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":

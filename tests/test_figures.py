@@ -1,8 +1,8 @@
-"""Every measured figure in the prose names its record under ``bench/out/``.
+"""Every measured figure in the prose names its record under ``bench/out/`` or ``studies/out/``.
 
 The rule for ``README.md``, ``PAPER.md`` and every page under ``docs/`` (``docs/reference/`` excepted: it is
 generated from the code and states no measurement): each table, paragraph or list item that states a measured figure
-names the record that holds it, as a literal path such as ``bench/out/variants-demo.json``, in the same block, or -- for
+names the record that holds it, as a literal path such as ``studies/out/variants-demo.json``, in the same block, or -- for
 a table or a list -- in the paragraph that directly introduces it. Every ``bench/out/...`` path the prose names exists.
 
 How a page is read (:func:`blocks`):
@@ -43,7 +43,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 EXEMPT = ("docs/reference/",)
 
-RECORD = re.compile(r"bench/out/[\w.*?{}\[\]-]*[\w*?}\]]")
+RECORD = re.compile(r"(?:bench|studies)/out/[\w.*?{}\[\]-]*[\w*?}\]]")
 CODE_SPAN = re.compile(r"(`+)(?:(?!\1).)+?\1", re.DOTALL)
 LINK_TARGET = re.compile(r"\]\([^)\s]*\)")
 COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)
@@ -187,7 +187,7 @@ def test_every_record_the_prose_names_exists():
             continue
         for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
             missing += [f"{page.relative_to(ROOT)}:{number}: {r}" for r in records(line) if not exists(r)]
-    assert not missing, "records named but not in bench/out/:\n" + "\n".join(missing)
+    assert not missing, "records named but not in bench/out/ or studies/out/:\n" + "\n".join(missing)
 
 
 @pytest.mark.parametrize("text, figure", [

@@ -12,7 +12,8 @@ from script_modules import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
-OUT = ROOT / "bench" / "out"
+OUT = ROOT / "studies" / "out"  # the findings' records are studies'
+PAGES = {"benchmarks": ROOT / "bench" / "out", "studies": OUT}  # each generated records page and its folder
 MACHINE_PATH = re.compile(r"/tmp/|/root/|/work/|/home/|\.\./shared")
 
 
@@ -30,7 +31,7 @@ def _summary_rows() -> dict[str, list[str]]:
     section = text.split("## In one table", 1)[1].split("\n## ", 1)[0]
     rows: dict[str, list[str]] = {}
     for line in section.splitlines():
-        found = re.search(r"`bench/out/([\w.-]+\.json)`", line)
+        found = re.search(r"`(?:bench|studies)/out/([\w.-]+\.json)`", line)
         if line.startswith("|") and found:
             rows.setdefault(found.group(1), []).append(line)
     return rows
@@ -84,7 +85,7 @@ def test_the_findings_page_shows_every_figure_and_names_its_record():
     for name, record in plots.FIGURES.items():
         assert f"(img/findings/{name})" in text
         after = text.split(f"(img/findings/{name})", 1)[1].split("\n## ", 1)[0]
-        assert f"`bench/out/{record}`" in after, f"the paragraph under {name} names no record {record}"
+        assert f"`studies/out/{record}`" in after, f"the paragraph under {name} names no record {record}"
         assert (OUT / record).is_file()
 
 
@@ -183,48 +184,52 @@ def test_the_gate_rows_equal_the_record():
 # --------------------------------------------------------------------------------------- the benchmarks page
 
 
-def test_generated_commands_name_no_machine_path():
-    text = _load("generate").benchmarks()
+@pytest.mark.parametrize("page", PAGES)
+def test_generated_commands_name_no_machine_path(page):
+    folder = PAGES[page]
+    text = getattr(_load("generate"), page)()
     commands = re.findall(r"```bash\n(.*?)\n```", text, flags=re.S)
-    assert len(commands) == len(list(OUT.glob("*.json")))
+    assert len(commands) == len(list(folder.glob("*.json")))
     for command in commands:
         assert not MACHINE_PATH.search(command), command
-    for path in OUT.glob("*.json"):
-        if "--out" in _record(path.name)["command"]:
-            assert f"--out bench/out/{path.name}" in text
+    for path in folder.glob("*.json"):
+        if "--out" in json.loads(path.read_text(encoding="utf-8"))["command"]:
+            assert f"--out {page if page == 'studies' else 'bench'}/out/{path.name}" in text
 
 
 @pytest.mark.parametrize("command, expected", [
-    ("python bench/variants.py --work /tmp/v42 --mirror ../shared/data/beir --out /tmp/v42/record.json",
-     "python bench/variants.py --work W --mirror $PGRANK_BEIR_MIRROR --out bench/out/x.json"),
-    ("python bench/forgetting.py --corpus /tmp/vd4/data/a.jsonl --policy demo=/tmp/vd4/runs/m",
-     "python bench/forgetting.py --corpus W/data/a.jsonl --policy demo=W/runs/m"),
-    ("python bench/variants.py --work /tmp/w --variant wise-ft: a=[0.25, 1] --variant demo: --seeds 42 43",
-     "python bench/variants.py --work W --variant 'wise-ft: a=[0.25, 1]' --variant demo: --seeds 42 43"),
+    ("python studies/variants.py --work /tmp/v42 --mirror ../shared/data/beir --out /tmp/v42/record.json",
+     "python studies/variants.py --work W --mirror $PGRANK_BEIR_MIRROR --out studies/out/x.json"),
+    ("python studies/forgetting.py --corpus /tmp/vd4/data/a.jsonl --policy demo=/tmp/vd4/runs/m",
+     "python studies/forgetting.py --corpus W/data/a.jsonl --policy demo=W/runs/m"),
+    ("python studies/variants.py --work /tmp/w --variant wise-ft: a=[0.25, 1] --variant demo: --seeds 42 43",
+     "python studies/variants.py --work W --variant 'wise-ft: a=[0.25, 1]' --variant demo: --seeds 42 43"),
 ])
 def test_a_command_is_rewritten_as_a_reader_reruns_it(command, expected):
-    assert _load("generate").rerunnable(command, "x.json") == expected
+    assert _load("generate").rerunnable(command, "x.json", "studies/out") == expected
 
 
-def test_every_benchmark_section_has_its_own_title_and_names_its_record():
-    text = re.sub(r"^```.*?^```$", "", _load("generate").benchmarks(), flags=re.M | re.S)  # transcripts hold "## "
+@pytest.mark.parametrize("page", PAGES)
+def test_every_records_page_section_has_its_own_title_and_names_its_record(page):
+    folder = PAGES[page]
+    text = re.sub(r"^```.*?^```$", "", getattr(_load("generate"), page)(), flags=re.M | re.S)  # transcripts hold "## "
     headings = re.findall(r"^## (.+?) \{ #[\w-]+ \}$", text, flags=re.M)
-    assert len(headings) == len(set(headings)) == len(list(OUT.glob("*.json")))
+    assert len(headings) == len(set(headings)) == len(list(folder.glob("*.json")))
     assert not [h for h in headings if re.fullmatch(r"[\w.-]+", h)], "a raw file name as a heading"
     for section in text.split("\n## ")[1:]:
         name = re.search(r"\{ #([\w-]+) \}", section).group(1)
-        assert re.search(r"`bench/out/[\w.-]+\.json`", section), name
+        assert re.search(rf"`{'studies' if page == 'studies' else 'bench'}/out/[\w.-]+\.json`", section), name
 
 
 def test_records_of_one_title_are_told_apart_by_the_overrides_their_commands_ran_under():
     generate = _load("generate")
     variants = {"summary": {"variants": {"demo": {"seeds": 3}}}}
     records = {
-        Path("a.json"): {**variants, "title": "T", "command": "python bench/variants.py --profile demo --variant demo:"},
-        Path("b.json"): {**variants, "title": "T", "command": "python bench/variants.py --profile demo --set "
+        Path("a.json"): {**variants, "title": "T", "command": "python studies/variants.py --profile demo --variant demo:"},
+        Path("b.json"): {**variants, "title": "T", "command": "python studies/variants.py --profile demo --set "
                          "'models.backends={}' --set paths.root=runs/x --variant demo:"},
-        Path("c.json"): {"title": "E", "command": "python bench/exported_policy.py --profile demo --set paths.root=r"},
-        Path("d.json"): {"title": "E", "command": "python bench/exported_policy.py --profile demo --set x.y=[1, 2]"},
+        Path("c.json"): {"title": "E", "command": "python studies/exported_policy.py --profile demo --set paths.root=r"},
+        Path("d.json"): {"title": "E", "command": "python studies/exported_policy.py --profile demo --set x.y=[1, 2]"},
     }
     assert generate.titles(records) == {
         Path("a.json"): "T: demo (3 seeds)", Path("b.json"): "T: demo (3 seeds) with `models.backends={}`",
@@ -243,7 +248,7 @@ def test_sphinx_markup_reaches_the_generated_pages_as_plain_code():
 
 def test_the_results_table_of_the_tools_is_its_records():
     """docs/results.md's KL / anchor / rule table: every change against the warm start, every p against the demo,
-    every validation gain and every run's seconds is the one ``bench/out/variants-demo-tools-float32.json`` holds, to
+    every validation gain and every run's seconds is the one ``studies/out/variants-demo-tools-float32.json`` holds, to
     the printed digits."""
     record = _record("variants-demo-tools-float32.json")
     warm, variants = record["warm"], record["summary"]["variants"]
@@ -263,7 +268,7 @@ def test_the_results_table_of_the_tools_is_its_records():
 
 def test_the_results_table_of_nfcorpus_train_queries_is_its_record():
     """docs/results.md's table of NFCorpus's train and test queries: every change against the warm start, every p
-    against the demo and every run's seconds is the one ``bench/out/variants-demo-tools-nfcorpus-train.json`` holds,
+    against the demo and every run's seconds is the one ``studies/out/variants-demo-tools-nfcorpus-train.json`` holds,
     to the printed digits."""
     record = _record("variants-demo-tools-nfcorpus-train.json")
     warm, variants = record["warm"], record["summary"]["variants"]
@@ -280,7 +285,7 @@ def test_the_results_table_of_nfcorpus_train_queries_is_its_record():
 
 def test_the_results_table_of_the_anchors_weight_is_its_record():
     """docs/results.md's table of the anchor's weight under the demo as it is: every validation gain, half-document
-    change and test change against the warm start is the one ``bench/out/variants-demo-anchor-coef-float32.json``
+    change and test change against the warm start is the one ``studies/out/variants-demo-anchor-coef-float32.json``
     holds, to the printed digits."""
     record = _record("variants-demo-anchor-coef-float32.json")
     warm, variants = record["warm"], record["summary"]["variants"]

@@ -1,7 +1,7 @@
 """The recipes (``docs/recipes/``): each page's commands and outputs are the ones ``bench/recipes.py`` or a bench script
 recorded under ``bench/out/``, and what can run in seconds runs here: ``pgrank plan`` prints today exactly the block
 the paper-table page shows, the own-data page's five-line search runs in plain sentence-transformers on a tiny
-query/document model, and ``bench/compare_lr.py`` hands ``--profile`` and ``--set`` to every run."""
+query/document model, and ``studies/compare_lr.py`` hands ``--profile`` and ``--set`` to every run."""
 
 from __future__ import annotations
 
@@ -23,10 +23,13 @@ RECIPES = ROOT / "docs" / "recipes"
 
 @pytest.fixture(scope="module")
 def bench(monkeypatch_module):
-    """The bench scripts this file checks, importable as bench/ imports them (``record``, ``machine``)."""
+    """The scripts this file checks (``bench/recipes.py``, ``studies/compare_lr.py`` and ``studies/variants.py``),
+    importable as they import their neighbours and ``bench/record.py``."""
+    monkeypatch_module.syspath_prepend(str(ROOT / "studies"))
     monkeypatch_module.syspath_prepend(str(BENCH))
     monkeypatch_module.syspath_prepend(str(ROOT / "docs"))
-    return {name: load_script(BENCH / f"{name}.py", f"_recipes_{name}") for name in ("recipes", "compare_lr", "variants")}
+    return {name: load_script((BENCH if name == "recipes" else ROOT / "studies") / f"{name}.py", f"_recipes_{name}")
+            for name in ("recipes", "compare_lr", "variants")}
 
 
 @pytest.fixture(scope="module")
@@ -42,13 +45,15 @@ def blocks(page: str) -> list[str]:
 
 
 def record(name: str) -> dict:
-    return json.loads((BENCH / "out" / f"{name}.json").read_text(encoding="utf-8"))
+    """A record by name: a study's under ``studies/out/``, a benchmark's under ``bench/out/``."""
+    study = ROOT / "studies" / "out" / f"{name}.json"
+    return json.loads((study if study.is_file() else BENCH / "out" / f"{name}.json").read_text(encoding="utf-8"))
 
 
 def test_every_recipe_names_the_records_it_shows():
     for page in ("paper-table.md", "own-data.md", "compare-objectives.md"):
         text = (RECIPES / page).read_text(encoding="utf-8")
-        named = set(re.findall(r"`(bench/out/[\w.-]+\.json)`", text))
+        named = set(re.findall(r"`((?:bench|studies)/out/[\w.-]+\.json)`", text))
         assert named, page
         assert all((ROOT / path).is_file() for path in named), (page, named)
 
@@ -176,5 +181,5 @@ def test_the_compare_page_shows_what_the_scripts_printed(bench):
     shown = blocks("compare-objectives.md")
     for name, script in (("compare_lr-listmle_topk", bench["compare_lr"]), ("variants-compare", bench["variants"])):
         rec = record(name)
-        assert generate.rerunnable(rec["command"], f"{name}.json") + "\n" in shown, name
+        assert generate.rerunnable(rec["command"], f"{name}.json", "studies/out") + "\n" in shown, name
         assert script.render(rec) + "\n" in shown, name

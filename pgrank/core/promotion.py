@@ -18,7 +18,7 @@ Scheduled retraining moves the champion alias only when a challenger passes one 
 * The level comes from ``champion.alpha`` (the same for every decision), or from an error budget over a horizon
   of decisions (:mod:`pgrank.core.error_budget`), which bounds the chance of any false promotion in, say, a year.
 * :func:`simulate_years`: a Monte Carlo of a year of decisions on one frozen gate set, on per-query differences
-  resampled from a real evaluation (SciFact's, in ``bench/gate_power.py``), with the ties kept: the per-decision
+  resampled from a real evaluation (SciFact's, in ``studies/gate_power.py``), with the ties kept: the per-decision
   and yearly false-promotion rates and the power, through the rule :func:`judge` applies (:func:`gate_p_values`,
   :func:`promotes`).
 

@@ -15,7 +15,7 @@ encoder and its ``document`` route the frozen warm start, so ``encode_query`` / 
 evaluation loads it (float32, safetensors only) and saved with evaluation's ``evaluate.max_seq_length`` and the
 policy's similarity (``train.similarity``), so that reranking with it reproduces ``pgrank evaluate``'s figures
 under the ``torch`` backend (the ONNX and bf16 backends compute other embeddings: ``metrics.json`` records the
-backends behind its figures, and ``python bench/exported_policy.py`` measures the difference).
+backends behind its figures, and ``python studies/exported_policy.py`` measures the difference).
 
 The folder is written beside ``DIR`` and renamed onto it (:func:`pgrank.atomic.atomic_path`): a kill leaves the
 previous export or nothing. ``DIR`` may be an earlier export (its ``pgrank.json`` names what it was exported as),

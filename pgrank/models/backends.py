@@ -65,7 +65,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # The backends that compute in float32, as plain sentence-transformers does, so that their figures match its to
-# rounding: ONNX's float32 graph reproduces every figure of the demo (bench/out/exported_policy-demo.json); int8 and
+# rounding: ONNX's float32 graph reproduces every figure of the demo (studies/out/exported_policy-demo.json); int8 and
 # bf16 do not.
 FLOAT32_BACKENDS = frozenset({"torch", "onnx"})
 

@@ -16,7 +16,7 @@ by more than ``champion.min_gain`` and a one-sided paired ``champion.test`` give
 Non-inferiority (``champion.margin`` m): promote unless the challenger is worse by more than m (one-sided test of
 H0 "gain <= -m"). The level is ``champion.alpha``, or with ``champion.budget`` the level the error budget gives
 this decision (:func:`pgrank.pipeline.retraining.budget_level`; ``alpha: null`` and no budget: no significance
-required). How often this promotes by chance is measured by ``bench/gate_power.py``.
+required). How often this promotes by chance is measured by ``studies/gate_power.py``.
 :func:`pgrank.pipeline.decisions.commit` records the decision in the registry first, then moves the alias
 (compare-and-set) and tags the challenger's version (the crash-safe ledger); :func:`log_decision` records the
 decision and its table (baseline vs challenger, per metric, with p-values) in MLflow as run tags, metrics and

@@ -213,7 +213,7 @@ def freeze_gate_set(client: MlflowClient, params: Params, paths: Paths, parent_r
     dataset, split = params.data.train.split("/")
     if not paths.carved_qrels(dataset, CARVED_FILES[GATE]).is_file():
         raise PgrankError(f"data.gate_size is 0: {dataset}/{split} has no gate split to freeze as the gate set; set "
-                          "data.gate_size (bench/gate_power.py's table says how many queries a gain needs) or "
+                          "data.gate_size (studies/gate_power.py's table says how many queries a gain needs) or "
                           "champion.gate_set: dataset/split")
     store_folder = paths.candidate_store(dataset, GATE)
     if not (store_folder / META).is_file():

@@ -100,7 +100,7 @@ def retraining_overrides(params_file: str | Path, profile: str | None, overrides
     if (params.champion.gate_set == "frozen" and not params.data.gate_size and not params.data.holdout
             and gate.frozen_run(client, params) is None):
         raise PgrankError("champion.gate_set is frozen, but data.train has no gate split to freeze in this first gated "
-                          "run: set data.gate_size (e.g. --set data.gate_size=300; bench/gate_power.py's table says "
+                          "run: set data.gate_size (e.g. --set data.gate_size=300; studies/gate_power.py's table says "
                           "how many gate queries a gain needs) or champion.gate_set: dataset/split")
     notes = [f"gate queries held out of training and selection: {extra[0]}"] if extra else []
     if frozen is not None and frozen.note:

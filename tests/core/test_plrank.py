@@ -121,7 +121,7 @@ def test_lower_variance_than_per_rank_for_a_positive_ranked_low():
     sampled rankings place it in the top 10. PL-Rank-3 credits every document with its exact probability of
     each place after the sampled prefix; per_rank credits it only when sampled. (With a confident policy that
     already ranks the relevant document first, per_rank's leave-one-out baseline does better:
-    bench/estimator_variance.py measures both on real scores.)"""
+    studies/estimator_variance.py measures both on real scores.)"""
     n, B, N = 100, 1000, 8
     scores = torch.linspace(3, -3, n, dtype=torch.float64).view(1, n)
     relevance = torch.zeros(1, n, dtype=torch.float64)

@@ -6,8 +6,8 @@
   challenger worse by less than the margin. A spent budget (level 0) never promotes.
 * The one-sided p-values are scipy's (``ttest_rel``, ``wilcoxon`` with Pratt's zeros, the sign-flip
   randomization), and the Monte Carlo's vectorized ones are :func:`judge`'s.
-* On SciFact's real per-query spread with the ties kept (random signs, ``bench/data/scifact-demo-per-query.json``,
-  what ``bench/gate_power.py`` reads), one decision promotes a challenger that is no better at its level: the rate
+* On SciFact's real per-query spread with the ties kept (random signs, ``studies/data/scifact-demo-per-query.json``,
+  what ``studies/gate_power.py`` reads), one decision promotes a challenger that is no better at its level: the rate
   is bounded tightly enough (within 10% at 0.05, 50% at an error budget's 0.05 / 52) that a doubled rate fails,
   and it does fail for a rule run at twice its level. A year of 52 decisions on one frozen gate, each at
   0.05 / 52, promotes falsely in at most 5% of the years.
@@ -27,6 +27,7 @@ from pgrank.core.significance import paired_p_value
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "studies"))
 
 from gate_power import read_spread  # noqa: E402
 

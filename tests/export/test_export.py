@@ -184,13 +184,13 @@ def test_the_card_says_which_backends_computed_its_figures_and_that_plain_float3
 
 
 def test_the_committed_demos_export_reproduces_every_figure_it_was_evaluated_at_to_1e4():
-    """The record of ``python bench/exported_policy.py --profile demo``: the demo's policy exported and searched with
+    """The record of ``python studies/exported_policy.py --profile demo``: the demo's policy exported and searched with
     plain ``SentenceTransformer(DIR)`` in float32, on every evaluation set and stage, against ``pgrank evaluate``;
     taken under the backends the committed demo profile runs."""
     from pgrank.config import load_params
 
     params = load_params(ROOT / "params.yaml", [], "demo")
-    record = json.loads((ROOT / "bench" / "out" / "exported_policy-demo.json").read_text())["result"]
+    record = json.loads((ROOT / "studies" / "out" / "exported_policy-demo.json").read_text())["result"]
     assert record["backend"] == params.models.backend and record["backends"] == dict(params.models.backends)
     assert set(record["sets"]) == set(params.data.eval_sets)
     for eval_set, stages in record["sets"].items():

@@ -100,7 +100,7 @@ def test_new_judgments_land_by_their_hash_and_the_frozen_gate_set_holds(prefect_
                   f"p {row.p_value}")
         if os.environ.get("PGRANK_FIGURES"):  # a bench/out-style record: the command, the machine, the decisions
             sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-            from machine import machine_record
+            from record import machine_record
 
             record = {"command": "PGRANK_FIGURES=F python -m pytest -m slow -n 0 -s tests/flows/test_retraining_scifact.py",
                       "title": "Scheduled retraining on a growing scifact folder: the champion gate's decisions",
