@@ -128,6 +128,9 @@ def _main(
 ) -> None:
     _log_to_stderr()
     keep_interrupts()
+    from pgrank.models import torch_floor
+
+    torch_floor.require()  # one clear error below pgrank's torch, not a TypeError deep in a stage
     ctx.obj = _Context(params.expanduser().resolve(), profile, list(set_ or []))
 
 
@@ -292,21 +295,31 @@ def export_cmd(
     objective: Annotated[Optional[str], typer.Option("--objective", "-o", help="The policy of this train.objectives entry, <entry>.s<seed> for an extra seed (default: the first).")] = None,
     hub: Annotated[Optional[str], typer.Option("--hub", help="Then upload the folder to this Hugging Face repository (namespace/name; HF_TOKEN, HF_ENDPOINT).")] = None,
     private: Annotated[bool, typer.Option("--private", help="With --hub: create the repository private.")] = False,
+    license: Annotated[Optional[str], typer.Option("--license", help="The model card's license, a hub license id such as apache-2.0 (default: the warm start's, from its model card).")] = None,
 ) -> None:
-    """Export a trained policy as a plain sentence-transformers folder with a model card (and upload it with --hub)."""
+    """Export a trained policy as a plain sentence-transformers folder with a model card (and upload it with --hub).
+    The run is read as its workspace recorded it (the profile's paths.root/params.yaml): --profile names it, and no
+    --set it was made with needs repeating."""
+    import re
+
     from pgrank.export.folder import export_policy
+    from pgrank.export.recorded import recorded_run
 
     if private and hub is None:
         raise PgrankError("--private: only with --hub REPO_ID")
+    if license is not None and not re.fullmatch(r"[a-z0-9][a-z0-9.+-]*", license):
+        raise PgrankError(f"--license {license}: not a hub license id (lower case, e.g. apache-2.0, mit, cc-by-4.0)")
     if hub is not None:
         from pgrank.export.hub import check_upload
 
         check_upload(hub)
-    params = ctx.obj.params()
-    exported = export_policy(params, ctx.obj.paths(params), to, warm_start=warm_start, objective=objective, repo_id=hub)
+    run = recorded_run(ctx.obj.params_file, ctx.obj.profile, ctx.obj.overrides)
+    exported = export_policy(run.params, run.paths, to, warm_start=warm_start, objective=objective, repo_id=hub,
+                             license=license)
     facts = exported.facts
     typer.echo(f"{exported.system}: {facts.selection}; nDCG@10 of {len(facts.figures)} evaluated sets and stages in the "
                f"model card -> {exported.folder}")
+    typer.echo(f"configuration: {run.source}; license: {facts.license}")
     if hub is not None:
         from pgrank.export.hub import upload
 

@@ -14,6 +14,14 @@ process running several stages logs its own wall since it started after each) an
 printed: each run with its training time and the rest, and each revision's mean with its ratio to the first
 revision's.
 
+Each run's wall is also split three ways: encoding, training, and everything else (process starts, imports, DVC,
+MLflow, search, evaluation's arithmetic). Encoding is the time of every corpus-embedding artifact the demo built, from
+its ``plan.json`` to its ``meta.json`` (the encoder's loading included; queries, a few hundred short texts, are
+left in everything else). Its share of the CPU's float32 peak is the artifacts' arithmetic (their documents' real
+tokens, up to the artifact's length, times the model's weight-product FLOPs a token, counted as
+``bench/backends.py`` counts them) over those seconds, against a large float32 dense product timed on the same
+machine after the runs (``bench/flops.py``'s ``measured_peak``, as ``bench/backends.py`` measures it).
+
 Writes ``bench/out/demo_time.json`` (``--out``) with the machine, and prints the table.
 
 Example:
@@ -24,6 +32,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import shutil
@@ -52,6 +61,86 @@ def stage_walls(output: str) -> dict[str, float]:
 def training_seconds(walls: dict[str, float]) -> float:
     """The training stages' walls (``train-<warm start>``), summed."""
     return sum(seconds for stage, seconds in walls.items() if stage.startswith("train-"))
+
+
+def artifact_seconds(embeddings: Path) -> list[dict]:
+    """The corpus-embedding artifacts under ``embeddings`` (a workspace's ``paths.embeddings``) that are complete:
+    each one's plan (corpus checksum, documents, length) and ``seconds``, from its ``plan.json`` to its ``meta.json``."""
+    out = []
+    for plan_file in sorted(embeddings.glob("*/plan.json")):
+        meta = plan_file.with_name("meta.json")
+        if meta.is_file():
+            plan = json.loads(plan_file.read_text(encoding="utf-8"))
+            out.append({"folder": plan_file.parent.name, "corpus_sha256": plan["corpus_sha256"],
+                        "documents": int(plan["num_docs"]), "max_seq_length": int(plan["max_seq_length"]),
+                        "seconds": meta.stat().st_mtime - plan_file.stat().st_mtime})
+    return out
+
+
+def corpus_files(root: Path, data: Path) -> dict[str, Path]:
+    """``{corpus.jsonl checksum: its file}`` of the datasets a workspace installed (``<root>/datasets/*.json``)."""
+    out = {}
+    for record in root.glob("datasets/*.json"):
+        facts = json.loads(record.read_text(encoding="utf-8"))
+        sha = facts.get("files", {}).get("corpus.jsonl")
+        if sha:
+            out[sha] = data / facts.get("dataset", record.stem) / "corpus.jsonl"
+    return out
+
+
+def document_texts(corpus: Path) -> list[str]:
+    """A BEIR corpus's documents as encoded: ``(title + " " + text).strip()``."""
+    with corpus.open(encoding="utf-8") as f:
+        return [f"{d.get('title') or ''} {d.get('text') or ''}".strip() for d in map(json.loads, f)]
+
+
+def split_wall(seconds: float, training: float, encoding: dict) -> dict:
+    """A run's wall in three: encoding (its seconds and share of the float32 peak), training, everything else."""
+    rest = seconds - training - encoding["seconds"]
+    return {"encoding_s": encoding["seconds"], "encoding_peak_share": encoding.get("peak_share"),
+            "training_s": training, "else_s": rest, "else_share": rest / seconds}
+
+
+def encoding_work(artifacts: list[dict], corpora: dict[str, Path], tokens_of, flops_per_token: float) -> dict:
+    """The artifacts' seconds, documents, real tokens (``tokens_of(texts, max_length)``) and FLOPs, summed."""
+    tokens = sum(tokens_of(document_texts(corpora[a["corpus_sha256"]]), a["max_seq_length"]) for a in artifacts)
+    return {"artifacts": len(artifacts), "seconds": sum(a["seconds"] for a in artifacts),
+            "documents": sum(a["documents"] for a in artifacts), "tokens": tokens, "flops": tokens * flops_per_token}
+
+
+class Arithmetic:
+    """The warm start's tokenizer and weight-product FLOPs a real token (PyTorch's flop counter over passages encoded
+    one by one, as ``bench/backends.py`` counts them), loaded once."""
+
+    def __init__(self, params, paths, sample: list[str]):
+        from flops import counted_flops
+        from pgrank.models.backends import load_inference_encoder
+
+        self.encoder, _ = load_inference_encoder(params.mine.model, params.models, paths, backend="torch",
+                                                 max_seq_length=params.mine.max_seq_length)
+        counted = counted_flops(lambda: [self.encoder.encode_document([t], batch_size=1) for t in sample])
+        self.flops_per_token = counted / self.tokens(sample, params.mine.max_seq_length)
+
+    def tokens(self, texts: list[str], max_length: int) -> int:
+        ids = self.encoder.tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]
+        return sum(map(len, ids))
+
+
+def measure_encoding(folder: Path, overrides: Sequence[str], arithmetic: "Arithmetic | None") -> tuple[dict, "Arithmetic"]:
+    """The encoding work of the demo run in the clone ``folder`` (read before the clone is removed)."""
+    from pgrank.config import load_params
+    from pgrank.paths import Paths
+
+    sets = [value for flag, value in zip(overrides[::2], overrides[1::2]) if flag == "--set"]
+    params = load_params(folder / "params.yaml", sets, profile="demo")
+    paths = Paths.from_config(params.paths, base=folder)
+    artifacts = artifact_seconds(paths.embeddings)
+    corpora = corpus_files(paths.root, paths.data)
+    artifacts = [a for a in artifacts if a["corpus_sha256"] in corpora]
+    if arithmetic is None:
+        first = document_texts(corpora[artifacts[0]["corpus_sha256"]]) if artifacts else ["a passage"]
+        arithmetic = Arithmetic(params, paths, first[:: max(1, len(first) // 32)][:32])
+    return encoding_work(artifacts, corpora, arithmetic.tokens, arithmetic.flops_per_token), arithmetic
 
 
 def parse_rev(spec: str) -> tuple[str, list[str]]:
@@ -95,6 +184,15 @@ def render(record: dict) -> str:
     rows = [[r["rev"], r["commit"][:10], r["repeat"], f"{r['seconds']:.0f}", f"{r['training']:.0f}",
              f"{r['seconds'] - r['training']:.0f}"] for r in record["runs"]]
     lines = table(["revision", "commit", "run", "`pgrank demo` s", "training s", "the rest s"], rows, "llrrrr")
+    split = [r for r in record["runs"] if "split" in r]
+    if split:
+        lines += ["", *table(["revision", "run", "encoding s", "its share of the float32 peak", "training s",
+                              "everything else s", "everything else, share of the wall"],
+                             [[r["rev"], r["repeat"], f"{r['split']['encoding_s']:.0f}",
+                               "-" if r["split"]["encoding_peak_share"] is None
+                               else f"{100 * r['split']['encoding_peak_share']:.1f}%",
+                               f"{r['split']['training_s']:.0f}", f"{r['split']['else_s']:.0f}",
+                               f"{100 * r['split']['else_share']:.1f}%"] for r in split], "lrrrrrr")]
     first = revs[0]["mean_seconds"]
     lines += ["", *table(["revision", "runs", "mean s", "against the first"],
                          [[r["rev"], r["runs"], f"{r['mean_seconds']:.0f}", f"{r['mean_seconds'] / first:.2f}x"]
@@ -114,7 +212,7 @@ def main() -> None:
     specs = [parse_rev(spec) for spec in args.rev]  # a malformed --rev stops before any run
     mirror = args.mirror.resolve()
     args.work.mkdir(parents=True, exist_ok=True)
-    runs = []
+    runs, arithmetic = [], None
     for repeat in range(1, args.repeats + 1):
         for i, (rev, (checkout, overrides)) in enumerate(zip(args.rev, specs)):
             folder = args.work / f"rev{i}-run{repeat}"
@@ -123,14 +221,22 @@ def main() -> None:
             if code != 0:
                 raise SystemExit(f"{rev}: pgrank demo exited {code}; its output: {args.work / f'rev{i}-run{repeat}.log'}")
             walls = stage_walls(output)
+            encoding, arithmetic = measure_encoding(folder, overrides, arithmetic)
             runs.append({"rev": rev, "commit": commit, "repeat": repeat, "seconds": wall, "walls": walls,
-                         "training": training_seconds(walls)})
-            print(f"{rev} ({commit[:10]}) run {repeat}: {wall:.0f} s", flush=True)
+                         "training": training_seconds(walls), "encoding": encoding})
+            print(f"{rev} ({commit[:10]}) run {repeat}: {wall:.0f} s, encoding {encoding['seconds']:.0f} s", flush=True)
             shutil.rmtree(folder)  # the next run of this revision builds everything again
+    from flops import measured_peak, share
+
+    peak = round(measured_peak("cpu", "float32", seconds=1.0, n=2048), 4)  # as bench/backends.py measures it
+    for r in runs:
+        e = r["encoding"]
+        e["peak_share"] = share(e["flops"], 1.0 / e["seconds"], peak) if e["seconds"] > 0 else None
+        r["split"] = split_wall(r["seconds"], r["training"], e)
     revisions = [{"rev": rev, "runs": len(mine), "mean_seconds": statistics.mean(r["seconds"] for r in mine)}
                  for rev in args.rev for mine in [[r for r in runs if r["rev"] == rev]]]
     record = new_record("The demo's time against an earlier revision, on one machine")
-    record.update(revisions=revisions, runs=runs)
+    record.update(revisions=revisions, runs=runs, float32_peak_tflops=peak)
     save(record, args.out, render)
 
 

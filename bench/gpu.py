@@ -19,7 +19,8 @@ models', whatever their weights. Everything runs through pgrank's own code paths
 5. **One ``tower: both`` step at the paper's shape**: ``train.batch_size`` (220) queries x ``mine.candidates``
    (1000) candidates, every candidate re-encoded with cached gradients (chunks of ``train.chunk_tokens`` tokens),
    ``train.pg.num_samples`` (5000) rankings per query, the paper's estimator: wall time and peak GPU memory,
-   through :func:`pgrank.training.trainer.accumulate_gradients` and an AdamW step, with MS MARCO's passage lengths.
+   through the prefetcher, :func:`pgrank.training.step.accumulate_gradients` and the fused AdamW step, on synthetic
+   token stores of MS MARCO's passage lengths (``bench/paper_step.py``).
 
 Every rate comes with the real tokens it processed a second and the share of the device's peak it reaches: the
 arithmetic of one item counted by PyTorch's flop counter on the same code path (``bench/flops.py``), against the
@@ -39,8 +40,6 @@ Example:
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import sys
 import tempfile
 import time
@@ -161,73 +160,73 @@ def training_rates(folder: Path, device: str, seconds: float, params, peak: floa
     return rows
 
 
-def _msmarco_lengths(n: int, rng: np.random.Generator) -> np.ndarray:
-    """Words per passage as in MS MARCO (log-normal: median 50, mean 56; bench/synthetic_msmarco.py)."""
-    return np.clip(np.round(rng.lognormal(math.log(50), 0.48, n)), 4, 250).astype(int)
+def token_encoding(label: str, folder: Path, device: str, seconds: float, lengths, texts: int, batch: int,
+                   work: Path, peak: float | None = None) -> tuple[list[dict], bool]:
+    """Documents a second through the corpus encoder's token path (``models.backend: auto``: bf16 weights on CUDA;
+    float32 on a CPU, where ``auto`` would pick ONNX, which reads strings):
+    token-store rows of each length (``bench/paper_step.py``'s synthetic stores), in chunks of at most ``batch x
+    max_seq_length`` tokens, packed where the model packs (:func:`pgrank.retrieval.dense.encoding.encode_token_rows`,
+    as :func:`pgrank.retrieval.dense.corpus_embeddings.build_corpus_embeddings` runs it). Returns the rows and whether
+    packing stayed on (its probe, on the first store, against the padded layout)."""
+    import torch
+
+    from paper_step import synthetic_store
+    from pgrank.config import ModelsConfig
+    from pgrank.models.backends import load_inference_encoder
+    from pgrank.models.packing import enable_packing_for, packs
+    from pgrank.paths import Paths
+    from pgrank.retrieval.dense.encoding import encode_token_rows
+
+    longest = max(lengths)
+    paths = Paths(root=work / "r", data=work / "d", embeddings=work / "e")
+    model, backend = load_inference_encoder(str(folder), ModelsConfig(), paths, device=device, max_seq_length=longest,
+                                            backend="auto" if device.startswith("cuda") else "torch")
+    rows = []
+    for length in lengths:
+        store = synthetic_store(model, work / f"tokens-{length}", np.full(texts, length), task="document",
+                                max_length=longest)
+        enable_packing_for(model, store)  # the first store's probe decides, as for a corpus
+        ids = store.gather(np.arange(texts))
+        budget = batch * longest
+        run = lambda rows_=ids: encode_token_rows(model, rows_, store.features, budget=budget)  # noqa: E731
+        docs_s = rate(run, texts, device, seconds)
+        flops = counted_flops(lambda: encode_token_rows(model, ids.take(np.arange(1)), store.features, budget=budget))
+        real = float(ids.lengths.mean())
+        rows.append(with_arithmetic({"model": label, "backend": backend, "tokens": length, "texts": texts,
+                                     "path": "token store, " + ("packed" if packs(model) else "padded"),
+                                     "docs_per_s": round(docs_s, 1)}, flops, docs_s, real, peak))
+        print(f"  encode {label:<26} {backend:<10} {length:>4} tokens (token path, "
+              f"{'packed' if packs(model) else 'padded'}): {docs_s:9.1f} docs/s", flush=True)
+    packed = packs(model)
+    del model
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    return rows, packed
 
 
 def paper_step(folder: Path, device: str, params, queries: int, candidates: int, work: Path,
                peak: float | None = None) -> dict:
-    """One ``tower: both`` optimizer step at the paper's shape, through the trainer's own step. Its arithmetic is
-    counted on the warm-up step (2 queries: every operation a step runs) and scaled by the documents' real tokens."""
-    import torch
-
-    from pgrank.data.corpus_store import build_corpus_store
+    """One ``tower: both`` optimizer step at the paper's shape, as ``bench/paper_step.py`` times it (synthetic token
+    stores, the prefetcher, the trainer's step, its fused optimizer): the median of 3 timed steps after a warm-up,
+    its arithmetic counted on a step of 2 queries and scaled by the documents' real tokens."""
+    from paper_step import synthetic_tokens, timed_steps
     from pgrank.models.loading import load_encoder
-    from pgrank.training.batches import Example
-    from pgrank.training.step_inputs import prepare_step, scratch_tokens
-    from pgrank.training.trainer import accumulate_gradients
+    from pgrank.training.step import accumulate_gradients
 
-    rng = np.random.default_rng(0)
-    vocab = paper_models.words(20_000)
-    n_docs = queries * candidates
-    corpus_file = work / "corpus.jsonl"
-    with open(corpus_file, "w") as fh:
-        for i, words in enumerate(_msmarco_lengths(n_docs, rng)):
-            picks = rng.integers(0, len(vocab), words)
-            fh.write(json.dumps({"_id": str(i), "title": "", "text": " ".join(vocab[j] for j in picks)}) + "\n")
-    store = build_corpus_store(corpus_file, work / "store", dataset="bench", corpus_sha256="0" * 64)
-    examples = []
-    for q in range(queries):  # disjoint candidate sets, as MS MARCO's training queries nearly are
-        rows = np.arange(q * candidates, (q + 1) * candidates)
-        grades = np.zeros(candidates, dtype=np.int8)
-        grades[rng.integers(0, candidates)] = 1
-        query = " ".join(vocab[j] for j in rng.integers(0, len(vocab), 6))
-        examples.append(Example(f"q{q}", query, rows, grades, q))
     cfg = params.train
     model = load_encoder(str(folder), params.models, device=device, max_seq_length=cfg.max_doc_length).train()
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=cfg.learning_rate)
+    tokens, examples = synthetic_tokens(model, params, work, queries, candidates)
+    out = timed_steps(model, params, tokens, examples)
+    from pgrank.training.step_inputs import prepare_step
+    import torch
 
-    tokens = scratch_tokens(params, model, store, [ex.query for ex in examples], work / "tokens")
-
-    def step(batch_examples) -> float:
-        sync(device)
-        started = time.perf_counter()
-        inputs = prepare_step(batch_examples, params, tokens, epoch=1, model=model, device=torch.device(device))
-        accumulate_gradients(model, inputs, params, epoch=1, frozen=None)
-        torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        sync(device)
-        return time.perf_counter() - started
-
-    warm = examples[:2]
-    warm_flops = counted_flops(lambda: step(warm))  # warm-up: kernels, allocator, optimizer state
-    if device.startswith("cuda"):
-        torch.cuda.reset_peak_memory_stats()
-    seconds = step(examples)
-    memory = torch.cuda.max_memory_allocated() if device.startswith("cuda") else None
-    lengths = [len(t.split()) for t in store.texts(np.arange(0, n_docs, max(1, n_docs // 2000)))]
-    doc_tokens = tokens.documents.lengths(np.arange(n_docs))
-    warm_tokens = int(doc_tokens[: len(warm) * candidates].sum())
-    out = {"queries": queries, "candidates": candidates, "documents": n_docs, "chunk_tokens": cfg.chunk_tokens,
-           "num_samples": cfg.pg.num_samples, "estimator": cfg.pg.estimator, "amp": cfg.amp,
-           "max_doc_length": cfg.max_doc_length, "mean_words": round(float(np.mean(lengths)), 1),
-           "mean_tokens": round(float(doc_tokens.mean()), 1),
-           "seconds": round(seconds, 2), "peak_gib": None if memory is None else round(memory / 2**30, 2)}
-    with_arithmetic(out, warm_flops / warm_tokens * int(doc_tokens.sum()), 1 / seconds, int(doc_tokens.sum()), peak)
-    print(f"  step   {queries} x {candidates} (tower both, {cfg.pg.num_samples} rankings/query): {seconds:.1f} s, "
+    two = prepare_step(examples[:2], params, tokens, epoch=1, model=model, device=torch.device(device))
+    flops = counted_flops(lambda: accumulate_gradients(model, two, params, epoch=1, frozen=None))
+    model.zero_grad(set_to_none=True)
+    lengths = tokens.documents.lengths(np.arange(len(tokens.documents)))
+    warm_tokens, all_tokens = int(lengths[: 2 * candidates].sum()), int(lengths.sum())
+    with_arithmetic(out, flops / warm_tokens * all_tokens, 1 / out["seconds"], all_tokens, peak)
+    print(f"  step   {queries} x {candidates} (tower both, {cfg.pg.num_samples} rankings/query): {out['seconds']:.1f} s, "
           f"{percent(out['peak_share'])} of peak, peak memory {out['peak_gib']} GiB", flush=True)
     return out
 
@@ -367,7 +366,8 @@ def render(record: dict) -> str:
     if record.get("step"):
         s, e = record["step"], record.get("estimator")
         out += [f"One `tower: both` step, {s['queries']} queries x {s['candidates']} candidates ({s['documents']:,} "
-                f"documents of {s['mean_words']} words on average, chunks of {s.get('chunk_tokens', s.get('grad_chunk_size'))} tokens, {s['num_samples']} "
+                f"documents of " + (f"{s['mean_words']} words" if "mean_words" in s else f"{s['mean_tokens']} tokens")
+                + f" on average, chunks of {s.get('chunk_tokens', s.get('grad_chunk_size'))} tokens, {s['num_samples']} "
                 f"rankings per query, {s['amp']}): **{s['seconds']} s**, peak GPU memory **{s['peak_gib']} GiB**"
                 + (f"; the estimator alone: {e['ms']} ms." if e else ".")
                 + (f" {s['tokens_per_s']:,.0f} real tokens a second, {s['tflops']} TFLOPs: {percent(s['peak_share'])} "

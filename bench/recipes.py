@@ -1,21 +1,24 @@
-"""The recipes of the docs (``docs/recipes/``), executed: each writes ``bench/out/recipe-<name>.json`` with the commands
-the page shows, their output (trimmed) and the seconds each took.
+"""The recipes of the docs (``docs/recipes/*.md``), run as their pages state them, and recorded.
+
+A page's commands are its fenced ``bash`` blocks, in order, run as one bash session (``set -euo pipefail``: a command
+that fails, or a variable the page never set, stops it) from the project's root (:func:`page_script`). A page may say
+how to **try it small**: one line with ``--set`` overrides in a code span, which :func:`shrunk` adds to each of the
+page's ``pgrank`` commands (before the subcommand, after the page's own options, so they win) and ``python studies/...``
+commands (at the end). ``tests/test_recipes.py`` runs every page so; this script records a run in
+``bench/out/recipe-<page>[-small].json``: each block's command, its output (trimmed) and its seconds.
 
 * ``paper-table``: ``pgrank --profile paper-table plan``, the price of reproducing the paper's in-domain reranking
-  table (and three out-of-domain rows) from the SBERT warm start on the authors' published candidate sets; run with
-  an empty data folder, so that it prints what a checkout with nothing downloaded prints (BEIR's published sizes).
-* ``own-data``: a BEIR-format folder as "your own data" (NFCorpus, unzipped from the BEIR mirror into ``W``), named
-  under ``data.sources`` as ``acme``: ``pgrank repro`` with the demo profile and a small overlay (one epoch of 320
-  queries, the warm start and the policy evaluated), ``dvc metrics show``, ``pgrank export`` and a search of the
-  corpus in five lines of plain sentence-transformers. Minutes on a CPU (the corpus embeddings of pgrank's stages
-  come from the project's shared cache, ``paths.embeddings``, when the demo encoded the same corpus before).
+  table (and three out-of-domain rows) from the SBERT warm start on the authors' published candidate sets; run with an
+  empty data folder, so that it prints what a checkout with nothing downloaded prints (BEIR's published sizes). The
+  page's ``repro`` needs a GPU machine with internet, which this machine is not.
+* ``own-data``, ``compare-objectives`` (``--small``: shrunk by the page's own overrides): the page's blocks, with
+  ``HOME`` a fresh folder (``--home``, default a temporary one), so that the work folder the page names under ``~``
+  is new, and the BEIR mirror of ``$PGRANK_BEIR_MIRROR`` (``--mirror``) where the machine is offline.
 
 Usage::
 
     python bench/recipes.py paper-table
-    PGRANK_BEIR_MIRROR=M python bench/recipes.py own-data --work W     # or --mirror M
-
-Commands are recorded with the work folder written ``W``, as the pages show them.
+    python bench/recipes.py own-data --small [--mirror M] [--home H]
 """
 
 from __future__ import annotations
@@ -23,50 +26,76 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
 import tempfile
 import time
-import zipfile
 from pathlib import Path
 
-from record import OUT, new_record, save
+from record import OUT, add_mirror_option, new_record, save
 
 ROOT = Path(__file__).resolve().parents[1]
+PAGES = ROOT / "docs" / "recipes"
 BIN = Path(sys.executable).parent  # the environment's console scripts: pgrank, dvc
 PGRANK = [str(BIN / "pgrank")]
 OUTPUT_LINES = 40  # lines of a command's output kept in the record (head and tail)
+STEP = "@@pgrank-recipe-step"
 
 PAPER_TABLE = ["--profile", "paper-table"]
 
-# "Your own data": the demo profile, the folder named under data.sources, and a small budget.
-OWN_DATA_OVERLAY = [
-    "data.sources.acme.path=W/nfcorpus",
-    "data.train=acme/train",
-    "data.eval_sets=[acme/test]",
-    "train.validation_sets=[]",
-    "train.selection={rule: in_domain}",
-    "train.epochs=1",
-    "train.keep_epochs=[0, 1]",
-    "train.queries_per_epoch=320",
-    "evaluate.systems={bm25: [], dense: [minilm], sparse: []}",
-    "evaluate.policy_epochs=[]",
-    "paths.root=runs/acme",          # a profile's workspace: a folder inside the project
-    "paths.data=W/data",
-]
+# "To try it small" ... `--set KEY=VALUE --set ...`: the page's own shrinking overrides.
+_SMALL = re.compile(r"try it small.*?`(--set [^`]+)`", re.S | re.I)
+# A pgrank command up to its subcommand: the program and its global options (--profile, --set, --params with values).
+_PGRANK = re.compile(r"""^(\s*pgrank(?:\s+--(?:profile|set|params)\s+(?:'[^']*'|"[^"]*"|\S+))*)(?=\s+\w)""")
+_STUDY = re.compile(r"^\s*python\s+studies/\S+\.py\b")
 
-# The search of the page (docs/recipes/own-data.md): the exported folder and the corpus, five lines after the imports.
-SEARCH = """\
-import json
-from sentence_transformers import SentenceTransformer
-model = SentenceTransformer("acme-ranker")
-docs = [json.loads(line) for line in open("nfcorpus/corpus.jsonl", encoding="utf-8")]
-top = model.similarity(model.encode_query(["do statins prevent heart disease"]), model.encode_document([f"{d['title']} {d['text']}" for d in docs]))[0].topk(3)
-for score, i in zip(top.values.tolist(), top.indices.tolist()): print(f"{score:.3f} {docs[i]['_id']} {docs[i]['title']}")
-"""
-# What the page leaves out of `pgrank repro`'s output: DVC's bookkeeping and the list of table files written.
-NOISE = ("Updating lock file", "Use `dvc push`", "-> runs/acme/tables/")
+
+def blocks(page: str, language: str = "bash") -> list[str]:
+    """The fenced blocks of ``docs/recipes/<page>.md`` in ``language``, in order, without their fences."""
+    text = (PAGES / f"{page}.md").read_text(encoding="utf-8")
+    return [m.group(1) for m in re.finditer(rf"^```{language}\n(.*?)^```$", text, re.S | re.M)]
+
+
+def small_overrides(page: str) -> list[str]:
+    """The ``KEY=VALUE`` overrides of the page's "try it small" line (none when it has none)."""
+    match = _SMALL.search((PAGES / f"{page}.md").read_text(encoding="utf-8"))
+    if match is None:
+        return []
+    words = shlex.split(match.group(1))
+    if words[::2] != ["--set"] * (len(words) // 2) or len(words) % 2:
+        raise ValueError(f"docs/recipes/{page}.md: the 'try it small' span is not '--set KEY=VALUE ...': {match.group(1)}")
+    return words[1::2]
+
+
+def shrunk(block: str, overrides: list[str]) -> str:
+    """``block`` with ``--set`` of each override added to its ``pgrank`` and ``python studies/...`` commands (a command
+    continued over lines with a backslash is one command)."""
+    if not overrides:
+        return block
+    sets = " ".join(f"--set {shlex.quote(o)}" for o in overrides)
+    lines = []
+    for line in block.replace("\\\n", " ").split("\n"):
+        if match := _PGRANK.match(line):
+            line = f"{line[:match.end(1)]} {sets}{line[match.end(1):]}"
+        elif _STUDY.match(line):
+            line = f"{line} {sets}"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def page_script(page: str, small: bool = False) -> list[str]:
+    """The page's blocks as they run: shrunk by its own overrides when ``small``."""
+    overrides = small_overrides(page) if small else []
+    if small and not overrides:
+        raise ValueError(f"docs/recipes/{page}.md states no 'try it small' overrides")
+    return [shrunk(block, overrides) for block in blocks(page)]
+
+
+def _clean(text: str) -> str:
+    """Output as a terminal would leave it: of a line redrawn with carriage returns (a progress bar), its last state."""
+    return "\n".join(line.rsplit("\r", 1)[-1] for line in text.splitlines())
 
 
 def trimmed(text: str, lines: int = OUTPUT_LINES) -> str:
@@ -78,29 +107,26 @@ def trimmed(text: str, lines: int = OUTPUT_LINES) -> str:
     return "\n".join([*rows[:half], f"... ({len(rows) - lines} lines)", *rows[-half:]])
 
 
-def shown(argv: list[str], work: Path | None) -> str:
-    """``argv`` as the page shows it: ``pgrank`` for the CLI, the work folder as ``W``."""
-    words = [Path(argv[0]).name if Path(argv[0]).parent == BIN else argv[0], *argv[1:]]
-    text = shlex.join(words)
-    return text.replace(str(work), "W") if work is not None else text
-
-
-def run_step(argv: list[str], *, cwd: Path, work: Path | None = None, env: dict | None = None,
-             lines: int = OUTPUT_LINES) -> dict:
-    """Run one command; its shown form, output (paths relative to the project, the work folder as ``W``, without
-    :data:`NOISE` lines, trimmed to ``lines``) and seconds. Stops the recipe on failure."""
-    print(f"$ {shown(argv, work)}", flush=True)
-    started = time.perf_counter()
-    done = subprocess.run(argv, cwd=cwd, env={**os.environ, **(env or {})}, capture_output=True, text=True)
-    seconds = time.perf_counter() - started
-    output = (done.stdout + (done.stderr if done.returncode else "")).replace(f"{ROOT}/", "")
-    if work is not None:
-        output = output.replace(str(work), "W")
-    output = trimmed("\n".join(row for row in output.splitlines() if not row.startswith(NOISE)), lines)
-    print(output, flush=True)
-    if done.returncode:
-        raise SystemExit(f"exit {done.returncode} after {seconds:.0f} s: {shown(argv, work)}\n{done.stderr[-3000:]}")
-    return {"command": shown(argv, work), "output": output, "seconds": round(seconds, 1)}
+def run_page(page: str, *, cwd: Path, env: dict, small: bool = False, timeout: float | None = None) -> dict:
+    """Run the page's blocks in one bash session in ``cwd``; ``{"returncode", "steps": [{command, output, seconds}]}``,
+    one step a block (a failed block is the last step)."""
+    script = ["set -euo pipefail", "export TQDM_DISABLE=1"]
+    runs = page_script(page, small)
+    for i, block in enumerate(runs):
+        script += [f"printf '\\n{STEP} {i} %s\\n' \"$(date +%s.%N)\"", block]
+    script.append(f"printf '\\n{STEP} end %s\\n' \"$(date +%s.%N)\"")
+    done = subprocess.run(["bash", "-c", "\n".join(script)], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    parts = re.split(rf"\n?{STEP} (\d+|end) ([\d.]+)\n", done.stdout)
+    marks = [(parts[i], float(parts[i + 1]), parts[i + 2]) for i in range(1, len(parts) - 2, 3)]
+    steps = []
+    for (index, started, output), nxt in zip(marks, [*marks[1:], None]):
+        if index == "end":
+            break
+        ended = nxt[1] if nxt is not None else time.time()
+        steps.append({"command": runs[int(index)], "output": _clean(output).strip("\n"),
+                      "seconds": round(ended - started, 1)})
+    return {"returncode": done.returncode, "steps": steps}
 
 
 def paper_table_plan(data: Path, *overrides: str) -> str:
@@ -126,43 +152,30 @@ def paper_table(args) -> dict:
     return record
 
 
-def file_heads(folder: Path, lines: int = 2, width: int = 160) -> dict[str, list[str]]:
-    """The first ``lines`` lines of each file of a BEIR folder, cut at ``width`` characters."""
-    heads = {}
-    for name in ("corpus.jsonl", "queries.jsonl", "qrels/train.tsv", "qrels/test.tsv"):
-        with open(folder / name, encoding="utf-8") as fh:
-            heads[name] = [line.rstrip("\n")[:width] for _, line in zip(range(lines + name.endswith(".tsv")), fh)]
-    return heads
-
-
-def own_data(args) -> dict:
-    mirror = args.mirror or os.environ.get("PGRANK_BEIR_MIRROR")
-    if not mirror:
-        raise SystemExit("own-data: give --mirror or set PGRANK_BEIR_MIRROR (a folder holding nfcorpus.zip)")
-    archive = Path(mirror) / "nfcorpus.zip"
-    if not archive.is_file():
-        raise SystemExit(f"own-data: {archive}: no such file")
-    work = args.work.resolve()
-    work.mkdir(parents=True, exist_ok=True)
-    env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-           "PGRANK_BEIR_MIRROR": str(Path(mirror).resolve())}
-    record = new_record("Your own data, end to end: a BEIR folder named under data.sources, trained, read, exported "
-                        "and searched (docs/recipes/own-data.md)")
-    record["command"] = record["command"].replace(str(work), "W")
-    if not (work / "nfcorpus" / "corpus.jsonl").is_file():
-        with zipfile.ZipFile(archive) as zf:
-            zf.extractall(work)
-    record["files"] = file_heads(work / "nfcorpus")
-    sets = [w for item in OWN_DATA_OVERLAY for w in ("--set", item.replace("W/", f"{work}/"))]
-    pgrank = [*PGRANK, "--profile", "demo", *sets]
-    steps = [run_step([*pgrank, "repro"], cwd=ROOT, work=work, env=env, lines=80)]
-    steps.append(run_step([str(BIN / "dvc"), "metrics", "show", "--precision", "3"], cwd=ROOT / "runs" / "acme",
-                          work=work, env=env))
-    steps.append(run_step([*pgrank, "export", "--to", str(work / "acme-ranker")], cwd=ROOT, work=work, env=env))
-    (work / "search.py").write_text(SEARCH, encoding="utf-8")
-    steps.append(run_step([sys.executable, "search.py"], cwd=work, work=work, env=env))
-    record.update(overlay=OWN_DATA_OVERLAY, search=SEARCH, steps=steps)
-    record["model_card"] = trimmed((work / "acme-ranker" / "README.md").read_text(encoding="utf-8"), 60)
+def page_run(args) -> dict:
+    """A page run as written (``--small``: shrunk by its own overrides), in a fresh ``HOME``."""
+    home = Path(args.home or tempfile.mkdtemp(prefix="pgrank-recipe-home-")).resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "HOME": str(home), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "TOKENIZERS_PARALLELISM": "false", "DVC_NO_ANALYTICS": "1",
+           "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env.pop("PGRANK_PROFILE", None)
+    if args.mirror:
+        env["PGRANK_BEIR_MIRROR"] = str(Path(args.mirror).resolve())
+    else:
+        env.pop("PGRANK_BEIR_MIRROR", None)
+    size = "shrunk by the page's own 'try it small' overrides" if args.small else "as written"
+    record = new_record(f"docs/recipes/{args.recipe}.md, every command {size}, in one bash session")
+    record["small_overrides"] = small_overrides(args.recipe) if args.small else []
+    result = run_page(args.recipe, cwd=ROOT, env=env, small=args.small)
+    for step in result["steps"]:
+        step["output"] = trimmed(step["output"].replace(str(home), "~").replace(f"{ROOT}/", ""))
+    record.update(steps=result["steps"], returncode=result["returncode"],
+                  seconds=round(sum(s["seconds"] for s in result["steps"]), 1),
+                  load_average=os.getloadavg())
+    if result["returncode"]:
+        print(json.dumps(record["steps"][-1], indent=1))
+        raise SystemExit(f"docs/recipes/{args.recipe}.md: exit {result['returncode']} in the block above")
     return record
 
 
@@ -171,20 +184,20 @@ def render(record: dict) -> str:
     return "\n\n".join(f"```text\n$ {s['command']}   # {s['seconds']:.1f} s\n{s['output']}\n```" for s in record["steps"])
 
 
-RECIPES = {"paper-table": paper_table, "own-data": own_data}
+RECIPES = {"paper-table": paper_table, "own-data": page_run, "compare-objectives": page_run}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("recipe", choices=sorted(RECIPES))
-    parser.add_argument("--work", type=Path, help="own-data: a work folder (the data, the workspace, the export)")
-    parser.add_argument("--mirror", default=None, help="own-data: the BEIR mirror folder (default: PGRANK_BEIR_MIRROR)")
-    parser.add_argument("--out", type=Path, default=None, help="default: bench/out/recipe-<recipe>.json")
+    parser.add_argument("--small", action="store_true", help="shrunk by the page's own 'try it small' overrides")
+    parser.add_argument("--home", default=None, help="HOME for the page's commands (default: a new temporary folder)")
+    add_mirror_option(parser, required=False)
+    parser.add_argument("--out", type=Path, default=None,
+                        help="default: bench/out/recipe-<recipe>[-small].json")
     args = parser.parse_args()
-    if args.recipe == "own-data" and args.work is None:
-        parser.error("own-data needs --work W")
     record = RECIPES[args.recipe](args)
-    save(record, args.out or OUT / f"recipe-{args.recipe}.json", render)
+    save(record, args.out or OUT / f"recipe-{args.recipe}{'-small' if args.small else ''}.json", render)
 
 
 if __name__ == "__main__":

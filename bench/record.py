@@ -121,9 +121,10 @@ def add_mirror_option(parser: argparse.ArgumentParser, *, required: bool = True)
 
     ``required``: the flag must be given when the variable is not set; otherwise a missing mirror means the
     profile's own ``data.mirror`` (or BEIR's server)."""
-    env = os.environ.get("PGRANK_BEIR_MIRROR")
+    env = os.environ.get("PGRANK_BEIR_MIRROR") or None  # an empty variable is no mirror
     otherwise = "" if required else ", else the profile's data.mirror"
-    parser.add_argument("--mirror", default=env, required=required and env is None,
+    # nargs="?": `--mirror $PGRANK_BEIR_MIRROR` with the variable unset or empty is no mirror, not an argument error
+    parser.add_argument("--mirror", default=env, nargs="?", const=None, required=required and env is None,
                         help=f"a local copy of BEIR's download server (default: $PGRANK_BEIR_MIRROR"
                              f"{otherwise})")
 

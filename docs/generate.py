@@ -8,10 +8,12 @@
 * ``benchmarks.md`` and ``studies.md``: every record under ``bench/out/`` (written by a ``bench/*.py`` script) or
   ``studies/out/`` (a ``studies/*.py`` script), each with the machine it ran on, as tables, under its title, with its command as a reader reruns it (scratch folders as ``W``,
   the BEIR mirror as ``$PGRANK_BEIR_MIRROR``, the output as the record's own path);
-* the findings page's figures (``docs/plots.py``), PNGs under ``docs/img/findings/`` drawn from their records.
+* the generated blocks of the hand-written pages (``docs/blocks.py``): the README's headline lines, the findings map
+  and each finding's tables, between ``<!-- generated: NAME -->`` and ``<!-- end generated -->``;
+* the findings' figures (``docs/plots.py``), PNGs under ``docs/img/findings/`` drawn from their records (committed).
 
 Sphinx roles in docstrings (``:mod:`x```, ``:func:`x```) and reStructuredText literals reach the pages as plain code.
-Run ``python docs/generate.py`` to rewrite the four pages and the figures.
+Run ``python docs/generate.py`` to rewrite the four pages, the blocks and the figures.
 """
 
 from __future__ import annotations
@@ -438,14 +440,27 @@ def generate() -> dict[str, str]:
     return {page: makers[name]().rstrip() + "\n" for page, name in PAGES.items()}
 
 
-def plots():
-    """``docs/plots.py`` as a module, loaded from its file (this file is run as a script and loaded by path)."""
+def _module(name: str):
+    """``docs/<name>.py`` as a module, loaded from its file (this file is run as a script and loaded by path)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("_docs_plots", DOCS / "plots.py")
+    if str(DOCS) not in sys.path:
+        sys.path.insert(0, str(DOCS))
+    spec = importlib.util.spec_from_file_location(f"_docs_{name}", DOCS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def plots():
+    """``docs/plots.py`` as a module."""
+    return _module("plots")
+
+
+def filled() -> dict[Path, str]:
+    """``{page: its text with every generated block rewritten from its records}`` of every page with blocks."""
+    blocks = _module("blocks")
+    return {page: blocks.fill(page.read_text(encoding="utf-8")) for page in blocks.pages()}
 
 
 def write_all() -> list[Path]:
@@ -455,6 +470,10 @@ def write_all() -> list[Path]:
         path = DOCS / page
         path.parent.mkdir(parents=True, exist_ok=True)
         if not path.is_file() or path.read_text(encoding="utf-8") != text:
+            path.write_text(text, encoding="utf-8")
+            written.append(path)
+    for path, text in filled().items():
+        if path.read_text(encoding="utf-8") != text:
             path.write_text(text, encoding="utf-8")
             written.append(path)
     return written + plots().write_all()

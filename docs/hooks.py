@@ -7,7 +7,8 @@
   failed build. ``tests/test_docs.py`` applies the same check (``process_language``) to every tracked text file.
 * Pages (the README, ``PAPER.md`` and the site) also speak in the present tense: a revision hash in prose, "now" as
   history ("is now", "now uses"), "before that change" or "an earlier invocation" is a warning too
-  (``history_language``). Code comments and records are not read by it: a pinned model revision or a checksum in code
+  (``history_language``), and so is "the present code", "the earlier demo" or "the demo as committed": a record's
+command and machine say what ran. Code comments and records are not read by it: a pinned model revision or a checksum in code
   is not history, and only the pages are.
 """
 
@@ -49,6 +50,7 @@ HISTORY_LANGUAGE = re.compile(r"""
     | \b(?:before|after)[ ](?:that|this|the)[ ]change\b                  # "before that change"
     | \bearlier[ ](?:invocation|run|revision|version|commit)s?\b          # "an earlier invocation"
     | \bread[ ]back[ ]from[ ]an[ ]earlier\b
+    | \b(?:[Tt]he[ ]present[ ]code|[Tt]he[ ]earlier[ ]demo|[Tt]he[ ]demo[ ]as[ ]committed)\b   # a record names what ran
     | \b(?:same|much|more|less|faster|slower)[ ](?:as|than)[ ]before\b   # "the same as before"
     | \b(?:used[ ]to|no[ ]longer)[ ](?:be|take|need|use|run|read|write|give)s?\b   # "used to take", "no longer needs"
 """, re.VERBOSE)

@@ -13,9 +13,10 @@ Each run of :func:`pgrank_retrain`
    on the selection split (validation nDCG@10) and its baseline (the champion; with none yet, its warm
    start) are evaluated side by side on one fixed gate set, and the alias ``tracking.champion_alias``
    moves only if the challenger beats the baseline on ``champion.metric`` by more than
-   ``champion.min_gain`` with a one-sided paired test ``p`` below the decision's level (the yearly error
+   ``champion.min_gain`` with a one-sided test of the mean gain, ``p`` below the decision's level (the yearly error
    budget's, ``champion.budget``, or ``champion.alpha``): one test per decision. One gate runs at
-   a time (the ``pgrank-gate`` concurrency limit, one slot), holding a ``pgrank-device`` slot; the decision is recorded in the registry before
+   a time (a lease in the registry, and the ``pgrank-gate`` concurrency limit, one slot, corrected if larger),
+   holding a ``pgrank-device`` slot; the decision is recorded in the registry before
    the alias moves (:mod:`pgrank.pipeline.decisions`), and its table goes to MLflow (run tags, metrics,
    ``gate/decision.md``) and to this flow run as the markdown artifact ``champion-gate``.
 
@@ -48,22 +49,29 @@ ARTIFACT_KEY = "champion-gate"
 GATE_TAG = "pgrank-gate"  # the gate task's tag, and its Prefect tag concurrency limit: one gate at a time
 
 
-def ensure_gate_limit() -> int:
-    """Create the ``pgrank-gate`` tag concurrency limit (one slot) if missing; return its limit.
+def ensure_gate_limit() -> tuple[int, str | None]:
+    """The ``pgrank-gate`` tag concurrency limit with one slot: created if missing, corrected to one slot if a user
+    made it larger (two gates at once would both read the same champion). Returns the slots it had and what was
+    done, in words (``None``: it was right).
 
     Prefect holds a gate task that finds the slot taken in Pending, across every flow run on the server, so a
-    manual run beside a scheduled one waits instead of racing it. Runs outside Prefect take the gate lock
-    (:func:`pgrank.pipeline.decisions.gate_lock`) all the same.
+    manual run beside a scheduled one waits instead of racing it. Every gate also holds the lease in the registry
+    (:func:`pgrank.pipeline.decisions.gate_lock`), inside Prefect or not.
     """
     from prefect.client.orchestration import get_client
     from prefect.exceptions import ObjectNotFound
 
     with get_client(sync_client=True) as client:
         try:
-            return client.read_concurrency_limit_by_tag(GATE_TAG).concurrency_limit
+            slots = client.read_concurrency_limit_by_tag(GATE_TAG).concurrency_limit
         except ObjectNotFound:
             client.create_concurrency_limit(tag=GATE_TAG, concurrency_limit=1)
-            return 1
+            return 0, f"created the {GATE_TAG} concurrency limit with one slot"
+        if slots == 1:
+            return 1, None
+        client.create_concurrency_limit(tag=GATE_TAG, concurrency_limit=1)  # an upsert: the limit is corrected
+        return slots, (f"corrected the {GATE_TAG} concurrency limit from {slots} slots to 1: one gate at a time "
+                       "(the lease in the registry keeps it so regardless)")
 
 
 @task(cache_policy=NO_CACHE)
@@ -109,7 +117,9 @@ def pgrank_retrain(profile: str | None = None, overrides: list[str] | None = Non
     overrides = list(overrides or [])
     extra = retraining_overrides(str(Path(params_file).resolve()), profile, overrides, start_from)
     run = pgrank_pipeline(profile=profile, overrides=overrides + extra, params_file=params_file, max_workers=max_workers)
-    ensure_gate_limit()
+    _, note = ensure_gate_limit()
+    if note:
+        get_run_logger().warning("%s", note)
     return champion_gate(run.workspace, run.mlflow_run_id)
 
 

@@ -166,8 +166,9 @@ def stage_run(
             return
         import mlflow
 
-        configure(params, paths)
         active = mlflow.active_run()
+        if active is None or mlflow.get_tracking_uri() != tracking_uri(params, paths):
+            configure(params, paths)  # a run nested in this process's open one is in its store and experiment already
         parent = (active.info.run_id if active else os.environ.get(PARENT_ENV)) if nested else None
         with mlflow.start_run(run_name=name, nested=bool(parent), parent_run_id=parent or None,
                               tags={**dict(tags or {}), PROCESS_TAG: this_process()}) as run:

@@ -1,8 +1,13 @@
-"""Choose each objective's learning rate for a profile (the compare profile by default), on validation only.
+"""Question: Which learning rate does each objective take on the compare profile, chosen on validation only?
+Record: ``studies/out/compare_lr-*.json``
+Page: ``docs/findings/objectives.md``
+
+Choose each objective's learning rate for a profile (the compare profile by default), on validation only.
 
 Trains every ``train.objectives`` loss of the profile (``--profile``, with ``--set`` overrides, e.g.
-``--set data.train=nfcorpus/train`` for another dataset) at each learning rate of a small grid (one seed, the
-profile's epochs and batches, its first warm start), validating on ``data.train``'s carved validation split (never a
+``--set data.train=nfcorpus/train`` for another dataset), or the losses of ``--objectives``, at each learning rate of
+a small grid (one seed, the profile's epochs and batches, from ``--warm-start``, by default the profile's first warm
+start), validating on ``data.train``'s carved validation split (never a
 test split), and picks per loss the rate with the best validation nDCG@10 at the last epoch (the compare profile's
 policy is its last epoch); a loss whose best rate is the grid's highest (lowest) gets the next rate up (down) by 3x,
 at most ``--extend`` times, so that no choice sits on the grid's edge. The datasets, corpus embeddings and training
@@ -13,7 +18,7 @@ per loss and rate, the seconds each run took) and the ``train.learning_rates`` m
 
 Usage::
 
-    python studies/compare_lr.py --work W [--mirror $PGRANK_BEIR_MIRROR] [--profile compare] \
+    python studies/compare_lr.py --work W [--mirror DIR] [--profile compare] [--warm-start minilm] \
         [--set data.train=nfcorpus/train ...] [--rates 1e-5 3e-5 1e-4] [--extend 2] [--objectives pg listnet] \
         [--out studies/out/compare_lr.json]
 """
@@ -44,6 +49,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--work", type=Path, required=True)
     add_mirror_option(parser, required=False)
     parser.add_argument("--profile", default="compare", help="profiles/NAME.yaml laid over params.yaml")
+    parser.add_argument("--warm-start", default=None,
+                        help="the model every run trains from (default: the profile's first train.warm_starts)")
     add_set_option(parser, "data.train=nfcorpus/train", "every run (and the shared setup)")
     parser.add_argument("--rates", type=float, nargs="+", default=[1e-5, 3e-5, 1e-4])
     parser.add_argument("--objectives", nargs="+", default=None, help="default: the profile's train.objectives")
@@ -58,12 +65,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def run_overrides(args: argparse.Namespace, root: Path, extra: list[str] = (), fixed: list[str] = ()) -> list[str]:
     """A run's overrides, in order: its own folders and no tracking, the mirror, the script's ``fixed`` settings
-    (which ``--set`` may change), then ``--set``, then the run's own (its objective and rate), so that ``--set`` never
-    changes what the grid varies."""
+    (which ``--set`` may change), then ``--set``, then the warm start of ``--warm-start`` (the one policy trained, and
+    the one dense system its policy is tested against), then the run's own (its objective and rate), so that ``--set``
+    never changes what the grid varies."""
     work = args.work.resolve()
+    warm = getattr(args, "warm_start", None)
     return [f"paths.root={root}", f"paths.data={work / 'data'}", f"paths.embeddings={work / 'embeddings'}",
             *([f"data.mirror={args.mirror}"] if args.mirror else []), "tracking.enabled=false", *fixed,
-            *args.overrides, *extra]
+            *args.overrides, *([f"train.warm_starts=[{warm}]", f"evaluate.systems.dense=[{warm}]"] if warm else []),
+            *extra]
 
 
 def _params(args: argparse.Namespace, root: Path, extra: list[str] = ()):
@@ -132,7 +142,7 @@ def main() -> None:
             by_rate[step] = run(objective, step)
 
     record = new_record(title(args.profile, params.data.train.split("/")[0]))
-    record.update(profile=args.profile, overrides=args.overrides, train=params.data.train, grid=args.rates,
+    record.update(profile=args.profile, warm_start=warm, overrides=args.overrides, train=params.data.train, grid=args.rates,
                   extend=args.extend, objectives=list(results),
                   setup_seconds=setup_seconds, **grid_results(results))
     save(record, args.out, render)

@@ -1,4 +1,8 @@
-"""What storing corpus embeddings as float16 costs in nDCG@10 (BEIR keeps float32).
+"""Question: What does storing corpus embeddings as float16 cost in nDCG@10?
+Record: ``studies/out/embedding_precision*.json``
+Page: ``PAPER.md``
+
+What storing corpus embeddings as float16 costs in nDCG@10 (BEIR keeps float32).
 
 pgrank's corpus-embedding artifacts hold float16 (half the disk and memory: MS MARCO at 768 dims is
 13.5 GB instead of 27 GB). This encodes each corpus once in float32 with all-MiniLM-L6-v2 (the demo's

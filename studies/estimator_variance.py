@@ -1,4 +1,8 @@
-"""Benchmark: each policy-gradient estimator's error against the exact gradient, per second of compute.
+"""Question: How far is each policy-gradient estimator's gradient from the exact one, per second of compute?
+Record: ``studies/out/estimator_variance.json``
+Page: ``docs/findings/robust.md``
+
+Benchmark: each policy-gradient estimator's error against the exact gradient, per second of compute.
 
 On REAL score distributions: the warm start's (all-MiniLM-L6-v2, the demo's) scores of the demo's training
 queries (SciFact ``train-pg``) over their mined candidates (100 per query), as the demo trains on them

@@ -1,4 +1,8 @@
-"""A finished run's policy exported and searched with plain sentence-transformers, against what pgrank evaluated.
+"""Question: Does the exported policy give pgrank's figures in plain sentence-transformers?
+Record: ``studies/out/exported_policy-*.json``
+Page: ``docs/findings/export.md``
+
+A finished run's policy exported and searched with plain sentence-transformers, against what pgrank evaluated.
 
 ``python studies/exported_policy.py --profile demo`` exports the profile's policy (``pgrank export --to DIR``), then
 in a separate Python process that never imports pgrank loads it with ``SentenceTransformer(DIR)`` and, for every

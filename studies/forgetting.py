@@ -1,4 +1,8 @@
-"""What fine-tuning forgets, measured without judgments: ``python studies/forgetting.py``.
+"""Question: What does fine-tuning forget on text of another kind, measured without judgments?
+Record: ``studies/out/forgetting.json``
+Page: ``docs/findings/anchor.md``
+
+What fine-tuning forgets, measured without judgments: ``python studies/forgetting.py``.
 
 A policy trained on one collection's queries can gain on it and on a nearby collection (scifact and NFCorpus) while
 it forgets how to embed other kinds of text: long queries, or documents as queries, as in argument retrieval. This

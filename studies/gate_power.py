@@ -1,50 +1,53 @@
-"""How often scheduled retraining promotes a model that is no better, per decision and per year, and how many gate
-queries a real gain needs: ``python studies/gate_power.py``.
+"""Question: How often does the champion gate promote a challenger that is no better, and how much power does it keep?
+Record: ``studies/out/gate_power.json``
+Page: ``docs/retraining.md``
 
-A Monte Carlo of the gate's rule (:func:`pgrank.core.promotion.simulate_years`, which decides with the p-values and
-the rule :func:`pgrank.core.promotion.judge` uses) on SciFact's per-query spread: the per-query nDCG@10 of the
-demo's warm start (all-MiniLM-L6-v2) and of its policy on scifact/test, reranking
-(``studies/data/scifact-demo-per-query.json``, taken from a demo run with ``--spread``). Their difference is exactly 0
-on 70% of the queries (both rank the query alike).
+How often the champion gate promotes a challenger that is no better, whatever the shape of its per-query gains,
+how much power it keeps, and which error-budget rule keeps the most: ``python studies/gate_power.py``.
 
-**The null keeps the ties.** A simulated year draws its gate once, ``gate_size`` queries resampled from the 300, and
-takes 52 weekly decisions on those same queries. A challenger differs from the champion on a query by the real
-pair's absolute difference there, with a random sign: a tie stays a tie (centring the differences at their mean
-instead would turn the 70% ties into one negative value and skew the null). Two kinds of retraining:
+A Monte Carlo of the gate's rule at ``params.yaml``'s settings (budget 0.05 over a horizon of 52 decisions: the
+level of a decision before any promotion is ``a = 0.05 / 52``, and ``2a`` after one under ``elond`` or
+``fallback``), through the p-values of :func:`pgrank.core.promotion.gate_p_values` (the betting test's are
+:func:`judge`'s: :mod:`pgrank.core.betting`, its bets tuned for ``a``). Each decision meets a fresh draw of
+``gate_size`` per-query differences (challenger minus champion).
 
-* ``warm_start`` (every challenger trained afresh from one warm start): each model deviates from the common quality
-  on a query by ``|d| * z / sqrt(2)``, z standard normal, so two models differ by the real spread with its ties, and
-  the year's decisions share the champion's deviation on the frozen gate (positively dependent).
-* ``continual`` (every challenger is the champion trained further): each difference is a fresh ``|d| * sign``,
-  independent of the past, whoever the champion is; the decisions of a year are independent given the gate, the
-  case in which a year's chances of a false promotion add up the most.
+**Nulls, none symmetric by construction** (true mean gain exactly 0; for non-inferiority exactly ``-margin``):
 
-Under the null every promotion is false, so a year counts once its first decision promotes; until then the budget
-rules' levels are those of a year without promotions, and what the champion becomes after a promotion does not
-change the count. Rules: no budget (every decision at ``alpha`` 0.05, one-sided), and ``champion.budget`` 0.05 over
-``horizon`` 52 decisions by ``spending`` and ``fallback`` (:mod:`pgrank.core.error_budget`; equal under the null).
+* ``ties``: 70% ties, 27% at +0.01, 3% at -0.09 (a challenger that wins a little on many queries, loses a lot on
+  a few);
+* ``two-point``: 88% at +0.01, 12% at -0.0733 (the same, without ties);
+* ``scifact``: the real per-query nDCG@10 differences of the demo's policy and its warm start on scifact/test
+  (``studies/data/scifact-demo-per-query.json``, 300 queries, 70% ties), exponentially tilted to mean 0 (weights
+  ``exp(theta d)``): the same support and ties, only the weights move;
+* non-inferiority (margin 0.01): ``two-point`` with its loss moved to -0.1567 and ``scifact`` tilted, both to mean
+  exactly -0.01.
 
-**Power** of one decision whose challenger is truly better by ``delta`` nDCG@10: a sign is positive with
-probability ``(1 + delta / mean|d|) / 2`` (the better model wins more of the queries the two rank differently, by
-the same amounts), at each rule's level: ``alpha``, ``budget / horizon``, and twice that (``fallback`` right after a
-promotion). The tests are the paired t-test and the signed-rank test (Pratt), both one-sided.
+Every null cell reports the per-decision promotion rate, the goal ``rate <= 1.5 x level`` and, from the number of
+decisions, the chance that a rule whose true rate were twice its level would pass that check anyway (the check's
+resolution). The rank test (``wilcoxon``) and the t-test are simulated beside the betting test to show how they fail.
 
-**Non-inferiority** with a margin of 0.01: the rate at the boundary (true gain -0.01, where a promotion is false)
-and the chance to promote an equally good challenger.
+**Power**: per-query differences Normal(delta, 0.15) clipped to [-1, 1], and SciFact's tilted to mean delta, for
+delta 0.01, 0.02, 0.03 and 100, 300, 1,000 gate queries, at ``a`` and ``2a``; and the smallest gain each gate size
+detects with 80% power (bisection on common random numbers).
 
-Writes ``studies/out/gate_power.json`` (``--out``; :mod:`record`: the command, the machine, the results) and prints
-Markdown tables; ``docs/generate.py`` renders the record through :func:`render`. A pure computation: a few
-minutes on 2 cores.
+**Rules over a year** (52 decisions, 1,000 gate queries): each week's challenger is better by 0.02 (SciFact's shape
+tilted to +0.02) with probability ``share``, else no better (tilted to 0); ``spending``, ``fallback`` and ``elond``
+(:mod:`pgrank.core.error_budget`) decide on the same betting e-values: true and false promotions per year, the
+chance of any false promotion, and the false discovery rate.
+
+Writes ``studies/out/gate_power.json`` (``--out``) and prints Markdown tables; ``docs/generate.py`` renders the
+record through :func:`render`. A pure computation with numpy: a few minutes on 2 cores.
 
 Example:
-    $ python studies/gate_power.py                              # 10,000 simulated years per cell (t-test)
-    $ python studies/gate_power.py --spread runs/demo           # refresh the spread from a finished demo first
+    $ nice -n 5 python studies/gate_power.py                     # 20,000 decisions per null cell
+    $ python studies/gate_power.py --spread runs/demo            # refresh the SciFact spread from a finished demo first
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -56,15 +59,17 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from record import add_out_option, new_record, save, table  # noqa: E402
 
-TITLE = "Champion gate: false promotions per decision and per year, and power"
+TITLE = "Champion gate: false promotions under skewed nulls, power, and the error-budget rules"
 
 SPREAD = ROOT / "studies" / "data" / "scifact-demo-per-query.json"
-GATE_SIZES = (300, 1000)
-POWER_SIZES = (100, 300, 1000)
+BUDGET, HORIZON, MARGIN, NOISE = 0.05, 52, 0.01, 0.15
+LEVEL = BUDGET / HORIZON  # a decision's level before any promotion (every rule), and the betting test's tuning
+GATE_SIZES = (100, 300, 1000)
 DELTAS = (0.01, 0.02, 0.03)
-TESTS = ("student", "wilcoxon")
-ALPHA, BUDGET, HORIZON, MARGIN = 0.05, 0.05, 52, 0.01
-WILCOXON_SHARE = 2  # the signed-rank test is slower: it simulates half the years
+TESTS = ("betting", "student", "wilcoxon")
+FACTOR = 1.5  # the goal: a per-decision promotion rate at most FACTOR x its level
+SHARES = (0.0, 0.5)  # the share of truly better challengers in a simulated year
+CHUNK = 2_000_000  # values drawn at once
 WARM, POLICY = "minilm", "pgrank-minilm"
 
 
@@ -95,78 +100,204 @@ def write_spread(demo: Path, path: Path = SPREAD) -> None:
         **found})
 
 
-def levels() -> dict[str, list[float]]:
-    """Each rule's levels over a year without promotions (the null's history until its first false promotion)."""
-    from pgrank.core.error_budget import RULES, schedule
-
-    return {"none": [ALPHA] * HORIZON,
-            **{rule: schedule(rule, BUDGET, HORIZON, [False] * HORIZON) for rule in RULES}}
+# --------------------------------------------------------------------------------------- distributions
 
 
-def simulate(differences: np.ndarray, trials: int, seed: int) -> dict:
-    """The null table, the power table and the non-inferiority table (see the module docstring)."""
-    from pgrank.core.error_budget import BudgetState, level, spend
-    from pgrank.core.promotion import simulate_years
+class Discrete:
+    """A distribution on finitely many values: drawn by inverse CDF, so that common uniforms give common draws."""
 
-    sequences = levels()
-    null = []
-    for test in TESTS:
-        years = trials if test == "student" else max(trials // WILCOXON_SHARE, 100)
-        for training in ("warm_start", "continual"):
-            for n in GATE_SIZES:
-                found = simulate_years(differences, sequences, gate_size=n, training=training, years=years, test=test,
-                                       seed=seed)
-                for rule, (decisions, yearly) in found.items():
-                    null.append({"test": test, "training": training, "gate_size": n, "rule": rule,
-                                 "level": sequences[rule][0], "decisions": decisions.trials,
-                                 "promotions": decisions.promotions, "rate": decisions.rate, "error": decisions.error,
-                                 "years": yearly.trials, "years_promoted": yearly.promotions,
-                                 "yearly_rate": yearly.rate, "yearly_error": yearly.error})
-    after = level("fallback", BUDGET, HORIZON, spend(BudgetState(), BUDGET / HORIZON, True))
-    at = {"none": ALPHA, "spending": BUDGET / HORIZON, "fallback after a promotion": after}
-    power = []
-    for test in TESTS:
-        years = max(trials // (10 if test == "student" else 10 * WILCOXON_SHARE), 20)
-        for n in POWER_SIZES:
+    def __init__(self, values, weights):
+        order = np.argsort(values, kind="stable")
+        self.values = np.asarray(values, dtype=np.float64)[order]
+        w = np.asarray(weights, dtype=np.float64)[order]
+        self.cdf = np.cumsum(w / w.sum())
+
+    @property
+    def mean(self) -> float:
+        return float(np.dot(np.diff(self.cdf, prepend=0.0), self.values))
+
+    def draw(self, uniforms: np.ndarray) -> np.ndarray:
+        return self.values[np.minimum(np.searchsorted(self.cdf, uniforms, side="right"), len(self.values) - 1)]
+
+
+def tilted(values: np.ndarray, target: float) -> Discrete:
+    """The empirical distribution of ``values`` exponentially tilted to mean ``target`` (weights ``exp(theta v)``):
+    the same support and ties, only the weights move."""
+    from scipy.optimize import brentq
+
+    v = np.asarray(values, dtype=np.float64)
+
+    def weights(theta: float) -> np.ndarray:  # exp(theta v), scaled so that the largest is 1
+        return np.exp(theta * (v - (v.max() if theta > 0 else v.min())))
+
+    def mean(theta: float) -> float:
+        w = weights(theta)
+        return float(np.dot(w, v) / w.sum()) - target
+
+    return Discrete(v, weights(brentq(mean, -500.0, 500.0, xtol=1e-12)))
+
+
+def null_shapes(differences: np.ndarray) -> dict[str, tuple[Discrete, float]]:
+    """Name -> (the null distribution, its margin): superiority nulls at mean 0, non-inferiority nulls at -MARGIN."""
+    loss = -0.01 * 0.88 / 0.12  # -0.0733: the two-point null's mean is exactly 0
+    loss_ni = (-MARGIN - 0.01 * 0.88) / 0.12  # -0.1567: exactly -MARGIN
+    return {"ties": (Discrete([0.0, 0.01, -0.09], [0.70, 0.27, 0.03]), 0.0),
+            "two-point": (Discrete([0.01, loss], [0.88, 0.12]), 0.0),
+            "scifact": (tilted(differences, 0.0), 0.0),
+            "two-point, margin": (Discrete([0.01, loss_ni], [0.88, 0.12]), MARGIN),
+            "scifact, margin": (tilted(differences, -MARGIN), MARGIN)}
+
+
+def _decisions(draw, decisions: int, gate_size: int, rng: np.random.Generator, decide) -> np.ndarray:
+    """``decide`` on ``decisions`` draws of ``(gate_size,)`` differences, in chunks; the outcomes concatenated."""
+    rows = max(CHUNK // gate_size, 1)
+    out = []
+    for start in range(0, decisions, rows):
+        out.append(decide(draw(rng.random((min(rows, decisions - start), gate_size)))))
+    return np.concatenate(out)
+
+
+LEVELS = (("a", LEVEL), ("2a, fallback", 2 * LEVEL), ("2a, elond", 2 * LEVEL))  # the levels a decision meets
+
+
+def outcomes(d: np.ndarray, test: str, margin: float = 0.0) -> np.ndarray:
+    """``(B, n)`` differences -> ``(B, 3)`` promoted at the :data:`LEVELS`: ``a`` (every rule's first decision),
+    ``2a`` by the p-value (``fallback`` after a promotion) and ``2a`` by the betting e-value (``elond`` after one; the
+    t-test and the rank test give no e-value, so their p-value stands in)."""
+    from pgrank.core.betting import evidence
+    from pgrank.core.promotion import gate_p_values
+
+    gain = d.mean(axis=-1)
+    better = gain > -margin
+    if test == "betting":
+        p, e = evidence(d, tune=LEVEL, margin=margin)  # gate_p_values' p, and the e-value, from one pass
+        by_e = e * 2 * LEVEL >= 1
+    else:
+        p = gate_p_values(d, test, margin, tune=LEVEL)
+        by_e = p < 2 * LEVEL
+    return np.stack([better & (p < LEVEL), better & (p < 2 * LEVEL), better & by_e], axis=1)
+
+
+def doubled_passes(decisions: int, level: float) -> float:
+    """The chance that a rule whose true rate is ``2 x level`` passes the check ``promotions <= FACTOR x level x
+    decisions`` anyway (binomial): the check's resolution."""
+    from scipy import stats
+
+    return float(stats.binom.cdf(math.floor(FACTOR * level * decisions), decisions, 2 * level))
+
+
+# --------------------------------------------------------------------------------------- the tables
+
+
+def null_table(differences: np.ndarray, trials: int, seed: int) -> list[dict]:
+    """Per-decision promotion rates under every null, gate size and test, at ``a`` and ``2a``."""
+    rows = []
+    for shape, (dist, margin) in null_shapes(differences).items():
+        for n in GATE_SIZES:
+            for test in TESTS if not margin else ("betting", "student"):
+                decisions = {"betting": trials, "student": max(trials // 4, 2000), "wilcoxon": max(trials // 10, 1000)}[test]
+                rng = np.random.default_rng([seed, n, TESTS.index(test), len(rows)])
+                promoted = _decisions(dist.draw, decisions, n, rng, lambda d: outcomes(d, test, margin))
+                for (at, level), count in zip(LEVELS, promoted.sum(axis=0).tolist()):
+                    if test != "betting" and at == "2a, elond":
+                        continue
+                    rate = count / decisions
+                    rows.append({"null": shape, "mean": dist.mean, "margin": margin, "gate_size": n, "test": test,
+                                 "at": at, "level": level, "decisions": decisions, "promotions": int(count), "rate": rate,
+                                 "error": math.sqrt(max(rate, 1 / decisions) * (1 - rate) / decisions),
+                                 "ratio": rate / level, "holds": rate <= FACTOR * level,
+                                 "doubled_passes": doubled_passes(decisions, level)})
+    return rows
+
+
+def _shape(kind: str, differences: np.ndarray, delta: float):
+    if kind == "normal":
+        from scipy.special import ndtri
+
+        return lambda u: np.clip(delta + NOISE * ndtri(np.clip(u, 1e-12, 1 - 1e-12)), -1.0, 1.0)
+    return tilted(differences, delta).draw
+
+
+def power_table(differences: np.ndarray, trials: int, seed: int) -> list[dict]:
+    """The share of decisions that promote a challenger better by delta, per shape, gate size, test and level."""
+    rows = []
+    for kind in ("normal", "scifact"):
+        for n in GATE_SIZES:
             for delta in DELTAS:
-                found = simulate_years(differences, {k: [a] * HORIZON for k, a in at.items()}, gate_size=n,
-                                       training="continual", gain=delta, years=years, test=test, seed=seed)
-                power += [{"test": test, "gate_size": n, "delta": delta, "rule": rule, "level": at[rule],
-                           "decisions": sim.trials, "promotions": sim.promotions, "rate": sim.rate,
-                           "error": sim.error} for rule, (sim, _) in found.items()]
-    margin = []
-    for n in GATE_SIZES:
-        for gain in (-MARGIN, 0.0):
-            found = simulate_years(differences, {k: [a] * HORIZON for k, a in at.items() if k != "fallback after a promotion"},
-                                   gate_size=n, training="continual", gain=gain, years=max(trials // 4, 20),
-                                   margin=MARGIN, seed=seed)
-            margin += [{"gate_size": n, "gain": gain, "rule": rule, "level": at[rule], "decisions": sim.trials,
-                        "promotions": sim.promotions, "rate": sim.rate, "error": sim.error}
-                       for rule, (sim, _) in found.items()]
-    return {"rule": {"alpha": ALPHA, "budget": BUDGET, "horizon": HORIZON, "min_gain": 0.0, "margin": MARGIN},
-            "null": null, "power": power, "non_inferiority": margin}
+                draw = _shape(kind, differences, delta)
+                for test in ("betting", "student"):
+                    rng = np.random.default_rng([seed, n, int(delta * 1000), test == "student"])
+                    promoted = _decisions(draw, trials, n, rng, lambda d: outcomes(d, test))
+                    for (at, level), count in zip(LEVELS, promoted.sum(axis=0).tolist()):
+                        if test != "betting" and at == "2a, elond":
+                            continue
+                        rows.append({"shape": kind, "gate_size": n, "delta": delta, "test": test, "at": at,
+                                     "level": level, "decisions": trials, "rate": count / trials})
+    return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--trials", type=int, default=10000, help="simulated years per cell of the t-test (at least 2,000)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--spread", type=Path, default=None, metavar="DEMO",
-                        help="first refresh studies/data/ from a finished demo workspace, e.g. runs/demo")
-    add_out_option(parser, __file__)
-    args = parser.parse_args()
-    if args.trials < 2000:
-        parser.error("--trials: at least 2,000 simulated years per cell")
+def detectable(differences: np.ndarray, trials: int, seed: int) -> list[dict]:
+    """The smallest gain detected with 80% power, per shape, gate size, test and level (bisection, 10 steps, on
+    the same uniforms for every candidate gain)."""
+    rows = []
+    for kind in ("normal", "scifact"):
+        for n in GATE_SIZES:
+            uniforms = np.random.default_rng([seed, n, 7]).random((trials, n))
+            for test in ("betting", "student"):
+                for column, (at, level) in enumerate(LEVELS):
+                    if test != "betting" and at == "2a, elond":
+                        continue
+                    lo, hi = 0.0, 0.2 if kind == "normal" else 0.12
+                    for _ in range(10):
+                        mid = (lo + hi) / 2
+                        power = outcomes(_shape(kind, differences, mid)(uniforms), test)[:, column].mean()
+                        lo, hi = (lo, mid) if power >= 0.8 else (mid, hi)
+                    rows.append({"shape": kind, "gate_size": n, "test": test, "at": at, "level": level,
+                                 "decisions": trials, "gain": round(hi, 4)})
+    return rows
 
-    if args.spread is not None:
-        write_spread(args.spread)
-    record = new_record(TITLE)
-    record.update(measure(args.trials, args.seed))
-    save(record, args.out, render)
+
+def rules_table(differences: np.ndarray, years: int, seed: int, gate_size: int = 1000) -> list[dict]:
+    """A year of 52 decisions per rule, on the same betting e-values (see the module docstring)."""
+    from pgrank.core.betting import evidence
+    from pgrank.core.error_budget import E_VALUE_RULES, RULES, BudgetState, level, spend
+
+    null, better = tilted(differences, 0.0), tilted(differences, 0.02)
+    rows = []
+    for share in SHARES:
+        rng = np.random.default_rng([seed, int(share * 100)])
+        good = rng.random((years, HORIZON)) < share  # (Y, W) which challengers are truly better
+        e, p, gain = (np.empty((years, HORIZON)) for _ in range(3))
+        for w in range(HORIZON):
+            u = rng.random((years, gate_size))
+            d = np.where(good[:, w, None], better.draw(u), null.draw(u))  # (Y, n)
+            (p[:, w], e[:, w]), gain[:, w] = evidence(d, tune=LEVEL), d.mean(axis=-1)
+        for rule in RULES:
+            true = false = 0
+            fdp, any_false = np.zeros(years), np.zeros(years, dtype=bool)
+            for y in range(years):
+                state, v = BudgetState(), 0
+                for w in range(HORIZON):
+                    a = level(rule, BUDGET, HORIZON, state)
+                    significant = e[y, w] * a >= 1 if rule in E_VALUE_RULES else p[y, w] < a  # judge's rule
+                    promoted = bool(gain[y, w] > 0 and significant)
+                    state = spend(state, a, promoted)
+                    v += promoted and not good[y, w]
+                r = len(state.rejections)
+                true, false = true + r - v, false + v
+                fdp[y], any_false[y] = v / max(r, 1), v > 0
+            rows.append({"share": share, "rule": rule, "years": years, "gate_size": gate_size,
+                         "true_per_year": true / years, "false_per_year": false / years,
+                         "fwer": float(any_false.mean()), "fdr": float(fdp.mean()),
+                         "fdr_error": float(fdp.std(ddof=1) / math.sqrt(years))})
+    return rows
+
+
+# --------------------------------------------------------------------------------------- the record
 
 
 def measure(trials: int, seed: int, spread: Path = SPREAD) -> dict:
-    """The record's results: the spread simulated, the null, power and non-inferiority tables, and the seconds they took."""
+    """The record's results: the spread, the null, power, detectable-gain and rules tables, and the seconds taken."""
     differences, baseline, source = read_spread(spread)
     started = time.perf_counter()
     results = {"spread": {"source": source["source"], "params": source.get("params"),
@@ -174,59 +305,91 @@ def measure(trials: int, seed: int, spread: Path = SPREAD) -> dict:
                           "queries": len(differences), "warm_start_mean": float(baseline.mean()),
                           "mean_gain": float(differences.mean()), "sd_gain": float(differences.std(ddof=1)),
                           "ties": float(np.mean(differences == 0))},
-               **simulate(differences, trials, seed)}
+               "rule": {"budget": BUDGET, "horizon": HORIZON, "level": LEVEL, "margin": MARGIN, "noise_sd": NOISE,
+                        "factor": FACTOR},
+               "null": null_table(differences, trials, seed),
+               "power": power_table(differences, max(trials // 20, 1000), seed),
+               "detectable": detectable(differences, max(trials // 30, 600), seed),
+               "rules": rules_table(differences, max(trials // 200, 100), seed)}
     results["seconds"] = round(time.perf_counter() - started, 1)
     return results
 
 
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--trials", type=int, default=20000,
+                        help="decisions per null cell of the betting test (at least 20,000; the t-test: a quarter, the "
+                             "rank test: a tenth; power: a 20th; detectable gains: a 30th; years: a 200th)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--spread", type=Path, default=None, metavar="DEMO",
+                        help="first refresh studies/data/ from a finished demo workspace, e.g. runs/demo")
+    add_out_option(parser, __file__)
+    args = parser.parse_args()
+    if args.trials < 20000:
+        parser.error("--trials: at least 20,000 decisions per null cell")
+    if args.spread is not None:
+        write_spread(args.spread)
+    record = new_record(TITLE)
+    record.update(measure(args.trials, args.seed))
+    save(record, args.out, render)
+
+
+def detectable_table(record: dict) -> list[str]:
+    """The smallest gain detected with 80% power per gate size, as ``docs/retraining.md`` shows it (a test checks
+    the page against the record)."""
+    found = {(r["shape"], r["gate_size"], r["test"], r["at"]): r["gain"] for r in record["detectable"]}
+    sizes = sorted({r["gate_size"] for r in record["detectable"]})
+    named = {"normal": f"Normal(delta, {record['rule']['noise_sd']:g})", "scifact": "SciFact's spread, tilted"}
+    return table(["per-query differences", "gate queries", "betting at a", "betting at 2a (elond)",
+                  "t-test at a (approximate)"],
+                 [[named[shape], f"{n:,}", *(f"{found[shape, n, test, at]:.4f}" for test, at in
+                                             (("betting", "a"), ("betting", "2a, elond"), ("student", "a")))]
+                  for shape in ("normal", "scifact") for n in sizes], "lrrrr")
+
+
 def render(record: dict) -> str:
-    """The record as Markdown: the spread, the false-promotion rates, the power and the non-inferiority tables."""
+    """The record as Markdown: the nulls, the power, the smallest detectable gains and the rules over a year."""
     s, rule = record["spread"], record["rule"]
-    rate = lambda r: f"{r['rate']:.5f} ± {r['error']:.5f}"  # noqa: E731
-    yearly = lambda r: f"{r['yearly_rate']:.3f} ± {r['yearly_error']:.3f}"  # noqa: E731
-    rules = list(dict.fromkeys(r["rule"] for r in record["null"]))
-    null = {(r["test"], r["training"], r["gate_size"], r["rule"]): r for r in record["null"]}
-    keys = sorted({(r["test"], r["training"], r["gate_size"]) for r in record["null"]},
-                  key=lambda k: (k[0] != "student", k[1], k[2]))
-    named = {"none": f"no budget (alpha {rule['alpha']:g})", "spending": "spending", "fallback": "fallback"}
-    per = {(r["test"], r["gate_size"], r["delta"], r["rule"]): r for r in record["power"]}
-    at = list(dict.fromkeys(r["rule"] for r in record["power"]))
-    levels = {r["rule"]: r["level"] for r in record["power"]}
-    deltas = sorted({r["delta"] for r in record["power"]})
-    sizes = sorted({r["gate_size"] for r in record["power"]})
-    tests = list(dict.fromkeys(r["test"] for r in record["power"]))
-    ni = {(r["gate_size"], r["gain"], r["rule"]): r for r in record["non_inferiority"]}
-    ni_sizes, ni_rules = sorted({r["gate_size"] for r in record["non_inferiority"]}), list(dict.fromkeys(
-        r["rule"] for r in record["non_inferiority"]))
-    student_years = null[keys[0] + (rules[0],)]["years"]
+    a = rule["level"]
+    null = record["null"]
+    power = {(r["shape"], r["gate_size"], r["delta"], r["test"], r["at"]): r["rate"] for r in record["power"]}
+    found = {(r["shape"], r["gate_size"], r["test"], r["at"]): r["gain"] for r in record["detectable"]}
+    ats = [at for at, _ in LEVELS]
+    cell = lambda table_, key, spec=".3f": format(table_[key], spec) if key in table_ else "–"  # noqa: E731
+    sizes = sorted({r["gate_size"] for r in record["detectable"]})
+    decisions = max(r["decisions"] for r in null if r["test"] == "betting")
     return "\n".join([
-        f"Simulated gates resample SciFact's per-query nDCG@10 ({s['source']}; {s['queries']} queries, `{s['file']}`): "
-        f"the warm start's mean is {s['warm_start_mean']:.4f}; the policy's per-query gain has mean "
-        f"{s['mean_gain']:+.4f} and standard deviation {s['sd_gain']:.4f}, and is exactly 0 on {s['ties']:.0%} of "
-        f"the queries. Null: the real absolute differences with random signs (ties kept). A year is "
-        f"{rule['horizon']} decisions on one frozen gate set; budget {rule['budget']:g} over {rule['horizon']} "
-        f"decisions (level {rule['budget'] / rule['horizon']:.6f} per decision before any promotion); one-sided "
-        f"tests, min_gain {rule['min_gain']:g}; {student_years:,} simulated years per t-test cell "
-        f"({record['seconds']} s).", "",
-        "**False promotions** (true gain 0; ± one Monte-Carlo standard error): the rate per decision, and the share "
-        "of years with at least one false promotion:", "",
-        *table(["test", "retraining", "gate queries", *(f"{named[r]}: per decision" for r in rules),
-                *(f"{named[r]}: per year" for r in rules)],
-               [[t, tr.replace("_", " "), f"{n:,}", *(rate(null[t, tr, n, r]) for r in rules),
-                 *(yearly(null[t, tr, n, r]) for r in rules)] for t, tr, n in keys], "llr" + "r" * 2 * len(rules)),
+        f"Level `a` = budget {rule['budget']:g} / horizon {rule['horizon']} = {a:.6f}, a decision's level before any "
+        f"promotion under every rule (`2a`: after one, under `fallback` by the p-value, under `elond` by the betting "
+        f"e-value); the betting test's bets are tuned for `a`. Real spread: {s['source']} ({s['queries']} queries, `{s['file']}`; mean gain {s['mean_gain']:+.4f}, sd "
+        f"{s['sd_gain']:.4f}, {s['ties']:.0%} ties), tilted to the mean each cell needs. {decisions:,} decisions per "
+        f"null cell of the betting test and the t-test ({record['seconds']} s in all).", "",
+        f"**False promotions per decision** (true mean gain 0, or exactly -{rule['margin']:g} with the margin): the "
+        f"rate, its ratio to the level (goal <= {rule['factor']:g}), and the chance that a rule promoting at twice "
+        f"its level would pass the goal anyway with this many decisions:", "",
+        *table(["null", "gate queries", "test", "level", "decisions", "promotions", "rate", "rate / level",
+                f"<= {rule['factor']:g} x level", "a doubled rate passes"],
+               [[r["null"], f"{r['gate_size']:,}", r["test"], r["at"], f"{r['decisions']:,}",
+                 r["promotions"], f"{r['rate']:.5f}", f"{r['ratio']:.2f}", "yes" if r["holds"] else "**no**",
+                 f"{r['doubled_passes']:.3f}"] for r in null], "lrllrrrrlr"), "",
+        f"**Power**: the share of decisions that promote a challenger better by delta (normal: per-query differences "
+        f"Normal(delta, {rule['noise_sd']:g}) clipped to [-1, 1]; scifact: the real spread tilted to mean delta):", "",
+        *table(["shape", "gate queries", "test", *(f"delta {d:g} at {lv}" for lv in ats for d in DELTAS)],
+               [[shape, f"{n:,}", test, *(cell(power, (shape, n, d, test, lv)) for lv in ats for d in DELTAS)]
+                for shape in ("normal", "scifact") for n in sizes for test in ("betting", "student")],
+               "lrl" + "r" * len(ats) * len(DELTAS)), "",
+        "**Smallest gain detected with 80% power** (nDCG@10; the t-test's does not hold its level under skew):", "",
+        *table(["shape", "test", *(f"{n:,} queries at {lv}" for lv in ats for n in sizes)],
+               [[shape, test, *(cell(found, (shape, n, test, lv), ".4f") for lv in ats for n in sizes)]
+                for shape in ("normal", "scifact") for test in ("betting", "student")], "ll" + "r" * len(ats) * len(sizes)),
         "",
-        "**Power**: the share of decisions that promote a challenger whose true gain is delta nDCG@10, at each "
-        "rule's level:", "",
-        *table(["test", "gate queries", *(f"{r} ({levels[r]:.3g}), delta {d:g}" for r in at for d in deltas)],
-               [[t, f"{n:,}", *(f"{per[t, n, d, r]['rate']:.3f}" for r in at for d in deltas)]
-                for t in tests for n in sizes], "lr" + "r" * len(at) * len(deltas)), "",
-        f"**Non-inferiority** (margin {rule['margin']:g}, t-test): the rate at the boundary (true gain "
-        f"-{rule['margin']:g}, a false promotion) and the chance to promote an equally good challenger (true gain 0):",
-        "",
-        *table(["gate queries", *(f"{r} ({ni[ni_sizes[0], -rule['margin'], r]['level']:.3g}): {what}"
-                                  for r in ni_rules for what in ("at the boundary", "equal"))],
-               [[f"{n:,}", *(v for r in ni_rules for v in (rate(ni[n, -rule["margin"], r]), f"{ni[n, 0.0, r]['rate']:.3f}"))]
-                for n in ni_sizes], "r" + "rr" * len(ni_rules))])
+        f"**The rules over a year** ({record['rules'][0]['years']:,} simulated years of {rule['horizon']} decisions, "
+        f"{record['rules'][0]['gate_size']:,} gate queries, the betting test; a challenger is better by 0.02 with the "
+        "given share, else no better; SciFact's shape): promotions per year, the chance of any false promotion "
+        "(FWER) and the false discovery rate (FDR):", "",
+        *table(["better share", "rule", "true promotions / year", "false promotions / year", "FWER", "FDR"],
+               [[f"{r['share']:g}", r["rule"], f"{r['true_per_year']:.2f}", f"{r['false_per_year']:.4f}",
+                 f"{r['fwer']:.4f}", f"{r['fdr']:.4f} ± {r['fdr_error']:.4f}"] for r in record["rules"]], "llrrrr")])
 
 
 if __name__ == "__main__":

@@ -1,4 +1,8 @@
-"""The KL regulariser's trade-off on the demo: in-domain gain against out-of-domain loss.
+"""Question: Which KL term to the warm start trades the least in-domain gain for the most out-of-domain hold?
+Record: ``studies/out/kl_ablation*.json``
+Page: ``docs/findings/tools.md``
+
+The KL regulariser's trade-off on the demo: in-domain gain against out-of-domain loss.
 
 Trains the demo policy (all-MiniLM-L6-v2 warm start, scifact, ``tower: query``, the demo profile's
 settings) once per ``(train.pg.kl, train.pg.kl_coef)`` with one seed, validating each epoch on

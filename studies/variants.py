@@ -1,12 +1,19 @@
-"""Training variants of a profile's policy, side by side, chosen on validation only: ``python studies/variants.py``.
+"""Question: Which training variant of a profile does validation choose, and what do the test sets say of each?
+Record: ``studies/out/variants-*.json``
+Page: ``docs/results.md``
+
+Training variants of a profile's policy, side by side, chosen on validation only: ``python studies/variants.py``.
 
 Trains the profile's policy (``--profile demo``: all-MiniLM-L6-v2 on scifact, ``tower: query``; ``--profile compare``:
-the same data with the compare profile's settings) once per variant and seed. A variant is a name and ``--set``-style
-overrides (``objective=O`` picks the loss), e.g.::
+the same data with the compare profile's settings) once per variant and seed, from ``--warm-start`` (default: the
+profile's first ``train.warm_starts``). A variant is a name and ``--set``-style overrides (``objective=O`` picks the
+loss), e.g.::
 
     --variant "plrank3: train.pg.estimator=plrank3"
     --variant "wise-ft: train.selection.interpolation=[0.25, 0.5, 0.75, 1]"
     --variant "infonce: objective=infonce"
+
+and ``--objectives pg infonce`` adds one variant per loss, named after it (``--variant "infonce: objective=infonce"``).
 
 The datasets, corpus embeddings and candidate sets are built once and shared (the variants differ only in
 training). Every run validates each epoch (and each mixture with the warm start, with ``interpolation``) on
@@ -91,6 +98,11 @@ def _params(args, root: Path, extra: list[str]):
                        profile=args.profile)
 
 
+def variant_specs(args) -> list[str]:
+    """The ``--variant`` specs, then one ``"O: objective=O"`` a loss of ``--objectives``."""
+    return [*args.variant, *(f"{o}: objective={o}" for o in args.objectives)]
+
+
 def _test(params, paths, system: str) -> dict:
     out = {}
     for dataset, split, stage in test_cells(params):
@@ -102,9 +114,9 @@ def _test(params, paths, system: str) -> dict:
     return out
 
 
-def _finished(params, paths, objective: str, system: str) -> list[dict] | None:
+def _finished(params, paths, warm_start: str, objective: str, system: str) -> list[dict] | None:
     """A run's history when it trained and was tested before (``--reuse``), else None."""
-    history = paths.training_log("minilm", objective) / "history.json"
+    history = paths.training_log(warm_start, objective) / "history.json"
     tested = all((paths.results(system, d, sp, st) / "per_query.json").exists() for d, sp, st in test_cells(params))
     return json.loads(history.read_text()) if history.exists() and tested else None
 
@@ -116,12 +128,12 @@ def _query_route(folder: Path, params):
     return query_route(load_encoder(str(folder), params.models, device="cpu", max_seq_length=256))
 
 
-def _half_documents(params, paths) -> list:
+def _half_documents(params, paths, warm_start: str) -> list:
     """``--forgetting``: the half-document task (``studies/forgetting.py``) of the training set's corpus and of every
     out-of-domain validation set's (not those that are half documents already), with the warm start's figures."""
     from pgrank.models.loading import load_encoder
 
-    warm = load_encoder("minilm", params.models, device="cpu", max_seq_length=256)
+    warm = load_encoder(warm_start, params.models, device="cpu", max_seq_length=256)
     sources = params.data.sources
     datasets = dict.fromkeys(n.split("/")[0] for n in [params.data.train, *params.train.validation_sets])
     return [HalfDocuments(paths.dataset(d) / "corpus.jsonl", warm) for d in datasets
@@ -140,6 +152,7 @@ def run(args) -> dict:
     base = args.work / "runs" / "base"
     params = _params(args, base, [])
     paths = Paths.from_config(params.paths)
+    warm_start = params.train.warm_starts[0]  # --warm-start, else the profile's first
     started = time.perf_counter()
     download(params, paths, progress=False)
     mine_splits(params, paths, training_targets(params) + evaluation_targets(params), progress=False)
@@ -147,27 +160,27 @@ def run(args) -> dict:
         mine_splits(params, paths, validation_targets(params), progress=False, training=True)
     if args.test:
         for dataset in params.data.eval_sets_by_dataset():
-            evaluate_dataset(params, paths, "minilm", dataset)
-    halves = _half_documents(params, paths) if args.forgetting else []
+            evaluate_dataset(params, paths, warm_start, dataset)
+    halves = _half_documents(params, paths, warm_start) if args.forgetting else []
     record = {"setup_seconds": round(time.perf_counter() - started),
               "ood": list(params.train.validation_sets) + [f"halves:{t.name}" for t in halves],
-              "warm": _test(params, paths, "minilm") if args.test else None, "runs": [],
+              "warm_start": warm_start, "warm": _test(params, paths, warm_start) if args.test else None, "runs": [],
               "test_cells": [cell_key(*c) for c in test_cells(params)]}
     print(f"shared setup: {record['setup_seconds']} s", flush=True)
-    for spec in args.variant:
+    for spec in variant_specs(args):
         name, objective, overrides = parse_variant(spec)
         for seed in args.seeds:
             root = args.work / "runs" / f"{name}-s{seed}"
             link_shared(root, base)
             p = _params(args, root, [*overrides, f"train.seed={seed}"])
             run_paths = Paths.from_config(p.paths)
-            system = policy_name("minilm", objective)
-            finished = _finished(p, run_paths, objective, system) if args.reuse else None
+            system = policy_name(warm_start, objective)
+            finished = _finished(p, run_paths, warm_start, objective, system) if args.reuse else None
             if finished:
                 history, seconds = finished, None  # its time was measured by the invocation that trained it
             else:
                 t0 = time.perf_counter()
-                history = train(p, run_paths, "minilm", objective=objective, device="cpu", progress=False).history
+                history = train(p, run_paths, warm_start, objective=objective, device="cpu", progress=False).history
                 seconds = time.perf_counter() - t0
             chosen = select_row(history, p.train.validation_sets, p.train.selection)
             warm = history[0]
@@ -177,7 +190,7 @@ def run(args) -> dict:
                    "val_ood": {s: chosen[set_key(s)] - warm[set_key(s)] for s in p.train.validation_sets},
                    "history": history}
             if halves:
-                policy = _query_route(run_paths.selected_checkpoint("minilm", objective), p)
+                policy = _query_route(run_paths.selected_checkpoint(warm_start, objective), p)
                 row["val_ood"].update({f"halves:{t.name}": t.change(policy)[0] for t in halves})
             if args.test:
                 for dataset in p.data.eval_sets_by_dataset() if not finished else ():
@@ -264,12 +277,18 @@ def render(record: dict) -> str:
     return "\n".join(text)
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line; at least one ``--variant`` or ``--objectives``."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", default="demo")
     parser.add_argument("--work", type=Path, required=True)
     add_mirror_option(parser, required=False)
-    parser.add_argument("--variant", action="append", required=True, help='"name: key=value ..." (repeatable)')
+    parser.add_argument("--warm-start", default=None,
+                        help="the model every variant trains from (default: the profile's first train.warm_starts)")
+    parser.add_argument("--variant", action="append", default=[], help='"name: key=value ..." (repeatable)')
+    parser.add_argument("--objectives", nargs="+", default=[],
+                        help='one variant a loss, named after it (--objectives pg infonce: --variant "pg: objective=pg" '
+                             '--variant "infonce: objective=infonce")')
     parser.add_argument("--seeds", type=int, nargs="+", default=[42])
     add_set_option(parser, "train.validation_sets=[nfcorpus/dev]", "every variant (and the shared setup)")
     parser.add_argument("--margin", type=float, default=0.005, help="out-of-domain validation loss allowed in the choice")
@@ -281,8 +300,15 @@ def main() -> None:
                              "corpora of the training and out-of-domain validation sets; the choice counts them as "
                              "out-of-domain checks")
     parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if not args.variant and not args.objectives:
+        parser.error("give at least one --variant or --objectives")
     args.work = args.work.resolve()
+    return args
+
+
+def main() -> None:
+    args = parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from pgrank.atomic import write_json
     from pgrank.core.history import scalars

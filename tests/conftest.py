@@ -9,10 +9,15 @@
 * ``paper_model``: ``paper_model(kind)`` is a tiny random-weight model with the module stack of one of the paper's
   models (``gtr-t5``, ``sbert``, ``tas-b``, ``splade``; ``bench/paper_models.py``), tokenizer built in code: no
   download and no MiniLM package needed (the GPU tests use these).
+
+Under xdist (pyproject's ``addopts``: two workers, one test file each at a time, in collection order), the heaviest
+test files come first (:func:`pytest_collection_modifyitems`): a worker that takes a pipeline run of several minutes
+near the end of the suite would finish alone, long after the other.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -32,6 +37,33 @@ os.environ.setdefault("DVC_NO_ANALYTICS", "1")  # no usage-report daemon after e
 from pgrank.pipeline.workspace import scripts_first  # noqa: E402
 
 os.environ["PATH"] = scripts_first(os.environ.get("PATH", ""))
+
+# Seconds per test file, as the suite's last recorded run measured them (bench/test_suite.py).
+SUITE_RECORD = ROOT / "bench" / "out" / "test_suite.json"
+
+
+def file_seconds(record: Path = SUITE_RECORD) -> dict[str, float]:
+    """``{test file as pytest names it: seconds}`` from the suite's record; empty when there is none."""
+    try:
+        return {name: float(s) for name, s in json.loads(record.read_text(encoding="utf-8"))["suite"]["files"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
+def heaviest_files_first(items: list, seconds: dict[str, float]) -> list:
+    """``items`` with the files that took longest first; the order of the files' own tests, and of the files the record
+    does not know (new ones: after the known ones), is kept."""
+    order = {name: i for i, name in enumerate(dict.fromkeys(item.nodeid.split("::")[0] for item in items))}
+    return sorted(items, key=lambda item: (-seconds.get(name := item.nodeid.split("::")[0], 0.0), order[name]))
+
+
+def pytest_collection_modifyitems(config, items):
+    """In an xdist worker, the heaviest files first (seconds from the suite's record), so that the scheduler, which
+    hands whole files out in this order (``--dist loadfile --no-loadscope-reorder``), starts the long pipeline runs at
+    once, one on each worker, and fills in around them with the short files. Every worker orders alike: the
+    scheduler requires the same collection from each. A run without xdist keeps pytest's order."""
+    if os.environ.get("PYTEST_XDIST_WORKER") and (seconds := file_seconds()):
+        items[:] = heaviest_files_first(items, seconds)
 
 
 @pytest.fixture(scope="session")

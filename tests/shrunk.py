@@ -22,9 +22,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+_SLICED: dict[tuple, bytes] = {}  # the slices this process has cut (several tests cut the same one)
+
+
 def sliced_zip(source_zip: Path, name: str, splits: dict[str, int], extra: int) -> bytes:
     """A BEIR zip of ``name`` cut to the first ``n`` queries of each split, the documents they judge and
-    ``extra`` seeded distractors (members in sorted order, fixed timestamps: identical bytes every time)."""
+    ``extra`` seeded distractors (members in sorted order, fixed timestamps: identical bytes every time, so a slice
+    is cut once per process and handed out again while the source zip is unchanged)."""
+    stat = Path(source_zip).stat()
+    key = (str(Path(source_zip).resolve()), stat.st_size, stat.st_mtime_ns, name, tuple(splits.items()), extra)
+    if key not in _SLICED:
+        _SLICED[key] = _cut(source_zip, name, splits, extra)
+    return _SLICED[key]
+
+
+def _cut(source_zip: Path, name: str, splits: dict[str, int], extra: int) -> bytes:
     rng = random.Random(0)
     with zipfile.ZipFile(source_zip) as zf:
         read = lambda member: zf.read(member).decode("utf-8")  # noqa: E731

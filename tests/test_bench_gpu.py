@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -75,7 +76,7 @@ def _record(gpu="NVIDIA H200"):
     training = [{"task": "document", "tokens": 256, "texts_per_s": 900.0}, {"task": "query", "tokens": 12,
                                                                               "texts_per_s": 9000.0}]
     return {"machine": {"gpu": gpu}, "encoding": encoding, "training": training,
-            "step": {"documents": 220_000, "seconds": 17.6, "mean_tokens": 84.6}}
+            "step": {"documents": 220_000, "seconds": 17.6, "mean_tokens": 84.6, "chunk_tokens": 131_072}}
 
 
 def test_a_record_s_rates_go_into_the_table_that_prices_the_plan(tmp_path, monkeypatch):
@@ -93,6 +94,7 @@ def test_a_record_s_rates_go_into_the_table_that_prices_the_plan(tmp_path, monke
     for device, archs in before["devices"].items():  # other GPUs' rates are kept
         assert after["devices"][device] == archs
     assert entry["source"] == "python bench/gpu.py (record bench/out/gpu-h200.json)"
+    assert entry["data_path"] == "packed"  # a step cut by a token budget: the packed path
     monkeypatch.setattr(rates, "TABLE", table)
     rates._table.cache_clear()
     try:
@@ -104,8 +106,32 @@ def test_a_record_s_rates_go_into_the_table_that_prices_the_plan(tmp_path, monke
         assert distilbert.step == (85, pytest.approx(17.6 / 220_000))
         splade = rates.table_rates("naver/splade_v2_distil", "NVIDIA H200")
         assert splade.inference == {64: 3000.0 / 64, 256: 3000.0 / 256}
+        assert {t5.data_path, distilbert.data_path, splade.data_path} == {"packed"}
     finally:
         rates._table.cache_clear()
+
+
+def test_the_data_path_of_a_record_s_rates_is_named_or_read_from_its_step(tmp_path):
+    from pgrank.pipeline import rates
+
+    record = _record()
+    assert rates_table.data_path(record) == "packed"
+    record["step"] = {"documents": 220_000, "seconds": 352.67, "grad_chunk_size": 64}  # chunks of 64 padded documents
+    assert rates_table.data_path(record) == "padded"
+    assert rates_table.data_path({**record, "data_path": "packed"}) == "packed"  # the record says so itself
+    assert rates_table.data_path(record, "packed") == "packed"  # or the caller does
+    with pytest.raises(ValueError, match="does not say which data path"):
+        rates_table.data_path({**record, "step": None})
+    with pytest.raises(ValueError, match="data path 'fast': expected one of padded, packed"):
+        rates_table.data_path(record, "fast")
+    table = tmp_path / "measured_rates.yaml"
+    with pytest.raises(ValueError, match="does not say which data path"):
+        rates_table.write_rates({**_record(), "step": None}, table, "x")
+    assert not table.exists()
+    # the shipped table's GPU was measured on the path its record shows
+    shipped = yaml.safe_load(rates.TABLE.read_text(encoding="utf-8"))["devices"]["NVIDIA H100 80GB HBM3"]
+    record = json.loads((ROOT / "bench" / "out" / "gpu-h100.json").read_text())
+    assert shipped["data_path"] == rates_table.data_path(record) == "padded"
 
 
 def test_a_record_without_a_gpu_or_rates_leaves_the_table_alone(tmp_path):

@@ -249,3 +249,22 @@ def test_blocks_split_paragraphs_items_tables_and_skip_code():
     assert [(line, kind) for line, kind, _ in blocks(text)] == [
         (1, "heading"), (3, "paragraph"), (6, "item"), (8, "item"), (10, "table"), (13, "code"), (16, "paragraph")]
     assert blocks(text)[2][2] == "* item 1\n  more"
+
+
+def test_papers_estimator_table_states_its_records_ratios():
+    """PAPER.md's estimator-variance table: each estimator's MSE relative to ``per_rank``'s at the same N, its range
+    over N, is the one ``studies/out/estimator_variance.json`` gives, to the printed digits."""
+    import json
+
+    rows = json.loads((ROOT / "studies" / "out" / "estimator_variance.json").read_text(encoding="utf-8"))["rows"]
+    mse = {(r["temperature"], r["N"], r["estimator"]): r["mse"] for r in rows}
+    text = (ROOT / "PAPER.md").read_text(encoding="utf-8")
+    table = [line for line in text.split("### Estimator variance", 1)[1].splitlines() if re.match(r"\| [\d.]+ ", line)]
+    assert len(table) == len({t for t, _, _ in mse})
+    for line in table:
+        temperature, whole, per_rank, plrank3 = [c.strip() for c in line.strip("|").split("|")]
+        t = float(temperature.split()[0])
+        for cell, estimator in ((whole, "whole"), (plrank3, "plrank3")):
+            ratios = [mse[(t, n, estimator)] / mse[(t, n, "per_rank")] for (tt, n, e) in mse if tt == t and e == estimator]
+            assert cell == f"{min(ratios):.2f}–{max(ratios):.2f}×", (temperature, estimator, cell)
+        assert per_rank == "1"

@@ -1,5 +1,6 @@
-"""The findings page and the generated benchmarks page: the figures render from the records, the summary table's
-numbers are the records', and the commands printed from records name no machine path."""
+"""The findings' pages and the generated records pages: the figures render from the records (the README's picture
+plots the record's numbers), a page's prose states only figures its generated tables print, every study opens with
+its question, record and page, and the commands printed from records name no machine path."""
 
 from __future__ import annotations
 
@@ -25,68 +26,64 @@ def _record(name: str) -> dict:
     return json.loads((OUT / name).read_text(encoding="utf-8"))
 
 
-def _summary_rows() -> dict[str, list[str]]:
-    """``{record file name: the summary table's rows naming it}`` of docs/findings.md."""
-    text = (DOCS / "findings.md").read_text(encoding="utf-8")
-    section = text.split("## In one table", 1)[1].split("\n## ", 1)[0]
-    rows: dict[str, list[str]] = {}
-    for line in section.splitlines():
-        found = re.search(r"`(?:bench|studies)/out/([\w.-]+\.json)`", line)
-        if line.startswith("|") and found:
-            rows.setdefault(found.group(1), []).append(line)
-    return rows
-
-
-def _table_body(section: str) -> list[list[str]]:
-    """The cells of each body row of the first Markdown table in ``section`` (its header row and rule left out)."""
-    lines = section.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("| "))
-    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
-    return [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines[start + 2:end]]
-
-
-def _signed(cell: str) -> list[float]:
-    """The signed four-decimal figures of a table cell, in order (``−`` read as a minus)."""
-    return [float(x.replace("−", "-")) for x in re.findall(r"[−+-]\d\.\d{4}", cell)]
-
-
-def _assert_changes(cell: str, entry: dict, warm: dict, dataset: str, name: str, *, every_p: bool = False) -> None:
-    """A results-table cell "Δrerank [(p P)] / Δfirst [(p P)]" states, to the printed digits, the record's change of
-    ``dataset`` against the warm start in both stages and the record's p against the first variant where it prints
-    one; ``every_p``: it prints one exactly where the record has one."""
-    figures = re.findall(r"([−+-]\d\.\d{4})(?: \(p (\d[\d.e-]*)\))?", cell)
-    assert len(figures) == 2, (name, cell)
-    for (delta, p), stage in zip(figures, ("rerank", "full")):
-        figure = entry["test"][f"{dataset}/{stage}"]
-        assert float(delta.replace("−", "-")) == pytest.approx(
-            figure["mean"] - warm[f"{dataset}/{stage}"]["ndcg@10"], abs=5e-5), (name, dataset, stage)
-        if every_p:
-            assert (p == "") == (figure["p_first"] is None), (name, dataset, stage)
-        if p:
-            assert float(p) == pytest.approx(figure["p_first"], rel=0.06), (name, dataset, stage)
-
-
 # --------------------------------------------------------------------------------------- figures
 
 
-def test_every_figure_renders_from_its_record_as_a_png(tmp_path):
+def test_every_figure_is_a_committed_png():
+    """Each figure is committed (``tests/test_docs.py`` checks that its bytes are what its record draws)."""
     plots = _load("plots")
-    written = plots.write_all(images=tmp_path)
-    assert sorted(p.name for p in written) == sorted(plots.FIGURES)
-    for path in written:
-        data = path.read_bytes()
-        assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 10_000, path
-    assert plots.write_all(images=tmp_path) == []  # the same records give the same bytes: nothing rewritten
+    for name in plots.FIGURES:
+        data = (plots.IMAGES / name).read_bytes()
+        assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 10_000, name
 
 
-def test_the_findings_page_shows_every_figure_and_names_its_record():
+@pytest.mark.parametrize("name", _load("plots").FIGURES)
+def test_each_figure_is_shown_on_its_page_which_names_its_record(name):
+    page, record = _load("plots").FIGURES[name]
+    text = (ROOT / page).read_text(encoding="utf-8")
+    target = f"img/findings/{name})"
+    assert target in text, f"{page} does not show {name}"
+    after = text.split(target, 1)[1].split("\n## ", 1)[0]
+    folder = "bench/out" if record.startswith("demo_time") else "studies/out"
+    assert f"`{folder}/{record}`" in after or f"`{folder}/demo_time-*.json`" in after, (page, record)
+    assert (ROOT / folder / record).is_file()
+
+
+def test_the_headline_picture_plots_the_records_numbers():
+    """The README's picture: per set, the warm start's and the policy's first-stage nDCG@10 (the policy's error bar
+    its sd over seeds) are the record's, and BM25's the published table's."""
     plots = _load("plots")
-    text = (DOCS / "findings.md").read_text(encoding="utf-8")
-    for name, record in plots.FIGURES.items():
-        assert f"(img/findings/{name})" in text
-        after = text.split(f"(img/findings/{name})", 1)[1].split("\n## ", 1)[0]
-        assert f"`studies/out/{record}`" in after, f"the paragraph under {name} names no record {record}"
-        assert (OUT / record).is_file()
+    record = _record("variants-demo-ood.json")
+    fig = plots.headline_chart(record)
+    (ax,) = fig.axes
+    heights = [round(bar.get_height(), 10) for bar in ax.patches]
+    demo = record["summary"]["variants"]["demo"]["test"]
+    bm25 = plots.bm25_published()
+    expected = []
+    for name in ("scifact", "nfcorpus", "dbpedia"):
+        expected += [record["warm"][f"{name}/full"]["ndcg@10"], demo[f"{name}/full"]["mean"]]
+        expected += [bm25[name]] if name in bm25 else []
+    assert heights == [round(x, 10) for x in expected]
+    assert bm25 == {"scifact": 0.665, "nfcorpus": 0.325}  # the paper's appendix table, BEIR's figures
+    texts = {t.get_text() for t in ax.texts}
+    assert {f"{x:.3f}" for x in expected} <= texts
+    assert "studies/out/variants-demo-ood.json" in (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def test_the_readme_shows_the_headline_picture_on_its_first_screen():
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    picture = next(i for i, line in enumerate(lines) if "docs/img/findings/headline.png" in line)
+    assert picture < 30 and lines[picture].startswith("![")
+
+
+def test_the_kl_plot_shows_the_demo_as_it_is():
+    """The KL plot's demo is the demo's configuration as committed (float32 documents, the anchor): its record runs
+    the demo profile's `demo` variant with no override."""
+    page, name = _load("plots").FIGURES["kl-tradeoff.png"]
+    record = _record(name)
+    demo = next(run for run in record["runs"] if run["variant"] == "demo")
+    assert demo["overrides"] == [] and "--set" not in record["command"]
+    assert "models.backends" not in record["command"]
 
 
 def test_a_missing_or_malformed_record_is_an_error_naming_its_file(tmp_path):
@@ -101,84 +98,106 @@ def test_a_missing_or_malformed_record_is_an_error_naming_its_file(tmp_path):
         plots.read_record("no-runs.json", tmp_path)
 
 
-# --------------------------------------------------------------------------------------- the summary table
+# --------------------------------------------------------------------------------------- the findings' pages
+
+FINDINGS = ROOT / "docs" / "findings"
+FOUR_DECIMALS = re.compile(r"(?<![\w.])[+−-]?\d\.\d{4}(?!\d)")
 
 
-def test_the_demo_rows_equal_the_record():
-    record = _record("variants-demo-ood.json")
-    rows = " ".join(_summary_rows()["variants-demo-ood.json"])
-    demo = record["summary"]["variants"]["demo"]
-    for cell in ("scifact/rerank", "nfcorpus/rerank", "nfcorpus/full", "dbpedia/rerank", "dbpedia/full"):
-        test, warm = demo["test"][cell], record["warm"][cell]["ndcg@10"]
-        assert f"{warm:.4f}" in rows, cell
-        assert f"{test['mean']:.4f}** ± {test['sd']:.4f}" in rows or f"{test['mean']:.4f} ± {test['sd']:.4f}" in rows, cell
-    scifact = demo["test"]["scifact/rerank"]
-    assert f"+{scifact['mean'] - record['warm']['scifact/rerank']['ndcg@10']:.4f}" in rows
-    assert f"p {scifact['p_warm']:.1e}" in rows
-    assert demo["test"]["scifact/full"]["mean"] == scifact["mean"]  # "first stage: the same"
-    for cell in ("nfcorpus/rerank", "nfcorpus/full", "dbpedia/rerank", "dbpedia/full"):
-        assert f"p {demo['test'][cell]['p_warm']:.2f}" in rows, cell
+def _generated(text: str) -> str:
+    return "\n".join(m.group(0) for m in _load("blocks").BLOCK.finditer(text))
 
 
-def test_the_nfcorpus_train_row_equals_the_record():
-    record = _record("variants-demo-tools-nfcorpus-train.json")
-    (row,) = _summary_rows()["variants-demo-tools-nfcorpus-train.json"]
-    demo = record["summary"]["variants"]["demo"]
-    for cell in ("nfcorpus/train/rerank", "nfcorpus/train/full"):
-        test, warm = demo["test"][cell], record["warm"][cell]["ndcg@10"]
-        assert f"{warm:.4f}" in row, cell
-        assert f"{test['mean']:.4f} ± {test['sd']:.4f} (p {test['p_warm']:.2f})" in row, cell
+def _prose(text: str) -> str:
+    return re.sub(r"`[^`\n]+`", " ", _load("blocks").BLOCK.sub(" ", text))
 
 
-def test_the_export_row_states_the_records_largest_difference():
-    sets = _record("exported_policy-demo.json")["result"]["sets"]
-    (row,) = _summary_rows()["exported_policy-demo.json"]
-    largest = max(abs(s["difference"]) for stages in sets.values() for s in stages.values())
-    assert f"| {largest:.4f} " in row and largest <= 1e-4
+def _numbers(text: str) -> set[str]:
+    return {x.replace("−", "-").lstrip("+") for x in FOUR_DECIMALS.findall(text)}
 
 
-def test_the_int8_row_equals_the_record():
-    sets = _record("exported_policy-demo-int8.json")["result"]["sets"]
-    (row,) = _summary_rows()["exported_policy-demo-int8.json"]
-    signed = lambda x: f"{x:+.4f}".replace("-", "−")  # noqa: E731
-    for key in ("gain_pgrank", "gain_plain"):
-        cells = " / ".join(signed(sets[s]["full"][key]) for s in ("scifact/test", "nfcorpus/test", "dbpedia/test"))
-        assert cells in row, (key, cells)
+# A finding's page written with its own study, checked by that study's tests.
+OWN_CHECKS = ("forgetting-guard.md",)
 
 
-def test_the_objectives_row_equals_the_record():
-    variants = _record("variants-compare.json")["summary"]["variants"]
-    (row,) = _summary_rows()["variants-compare.json"]
-    assert f"InfoNCE +{variants['infonce']['val_in']:.4f}" in row
-    assert f"PG-Rank +{variants['pg']['val_in']:.4f}" in row
-    best = max((v["val_in"], name) for name, v in variants.items() if name.startswith("pg"))
-    assert best[1] == "pg-N1000" and f"+{best[0]:.4f}" in row and "1,000 rankings" in row
+@pytest.mark.parametrize("page", ["README.md", "docs/results.md", *sorted(
+    p.relative_to(ROOT).as_posix() for p in (ROOT / "docs" / "findings").glob("*.md") if p.name not in OWN_CHECKS)])
+def test_a_figure_in_a_pages_prose_is_one_its_generated_tables_print(page):
+    """A finding's page states a record's figure only as its generated blocks print it: every four-decimal figure of
+    its prose is one of its generated tables' (so that prose and record cannot differ)."""
+    text = (ROOT / page).read_text(encoding="utf-8")
+    stray = _numbers(_prose(text)) - _numbers(_generated(text))
+    assert not stray, f"{page}: figures in prose that no generated table of the page prints: {sorted(stray)}"
 
 
-def test_the_objectives_test_row_equals_the_record():
-    record = _record("variants-compare-test.json")
-    variants = record["summary"]["variants"]
-    (row,) = _summary_rows()["variants-compare-test.json"]
-    for name, label in (("infonce", "InfoNCE"), ("pg", "PG-Rank")):
-        test = variants[name]["test"]
-        rerank, full = test["scifact/rerank"], test["scifact/full"]
-        assert f"{label} {rerank['mean']:.4f} ± {rerank['sd']:.4f} / {full['mean']:.4f} ± {full['sd']:.4f}" in row
-    p = variants["infonce"]["test"]
-    assert f"p {p['scifact/rerank']['p_first']:.1e} / {p['scifact/full']['p_first']:.1e}" in row
-    assert "3 seeds" in row and record["summary"]["variants"]["pg"]["seeds"] == 3
+def test_every_finding_has_a_page_with_question_answer_figure_tables_command_and_machine():
+    for page in sorted(FINDINGS.glob("*.md")):
+        if page.name in OWN_CHECKS:
+            continue
+        text = page.read_text(encoding="utf-8")
+        title = text.splitlines()[0]
+        assert title.startswith("# ") and title.rstrip().endswith("?"), f"{page.name}: the title asks the question"
+        assert "**Answer: " in text, page.name
+        assert "![" in text and "](../img/findings/" in text, page.name
+        assert "<!-- generated: run-" in text, f"{page.name}: no command and machine"
+        blocks = _load("blocks").BLOCK.findall(text)
+        assert any(not name.startswith("run-") for _, name, _, _ in blocks), f"{page.name}: no generated table"
+        assert "Machine of `" in text and "```bash" in text, page.name
 
 
-def test_the_gate_rows_equal_the_record():
-    record = _record("gate_power.json")
-    yearly, power = _summary_rows()["gate_power.json"]
-    null = {row["rule"]: row for row in record["null"]
-            if (row["test"], row["training"], row["gate_size"]) == ("student", "continual", 300)}
-    assert f"{null['none']['yearly_rate']:.3f} at alpha {null['none']['level']}" in yearly
-    assert f"{null['spending']['yearly_rate']:.3f} under the budget of {record['rule']['budget']}" in yearly
-    assert f"({record['rule']['horizon']} decisions" in yearly
-    gains = {row["rule"]: row for row in record["power"]
-             if (row["test"], row["gate_size"], row["delta"]) == ("student", 300, 0.02)}
-    assert f"{gains['none']['rate']:.3f} at alpha" in power and f"{gains['spending']['rate']:.3f} under" in power
+def test_the_findings_map_is_short_and_links_every_finding_page():
+    text = (ROOT / "docs" / "results.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 80
+    for page in FINDINGS.glob("*.md"):
+        assert f"(findings/{page.name})" in text, f"the map has no line for {page.name}"
+    nav = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    for page in FINDINGS.glob("*.md"):
+        assert f"findings/{page.name}" in nav, f"mkdocs.yml's nav has no {page.name}"
+
+
+def test_an_unknown_generated_block_is_an_error_naming_it():
+    blocks = _load("blocks")
+    with pytest.raises(KeyError, match="no-such-table"):
+        blocks.fill("<!-- generated: no-such-table -->\n<!-- end generated -->")
+    assert blocks.fill("a\n<!-- generated: run-gate_power -->\nstale\n<!-- end generated -->\n").count("Machine of ") == 1
+
+
+def test_every_demo_time_record_says_what_each_of_its_revisions_runs():
+    blocks = _load("blocks")
+    for path in (ROOT / "bench" / "out").glob("demo_time*.json"):
+        revisions = json.loads(path.read_text(encoding="utf-8"))["revisions"]
+        assert len(blocks.CONFIGURATIONS[path.name]) == len(revisions), path.name
+
+
+def test_each_demo_time_table_is_one_machines():
+    text = _load("blocks").demo_time()
+    tables = text.split("\n\nOn ")
+    machines = [t.split(" (records", 1)[0].removeprefix("On ") for t in tables]
+    assert len(machines) == len(set(machines)) >= 2
+
+
+# --------------------------------------------------------------------------------------- the studies
+
+STUDY_HEAD = re.compile(r"Question: (?P<question>.+\?)\nRecord: ``(?P<record>studies/out/[\w*.-]+\.json)``\n"
+                        r"Page: ``(?P<page>[\w/.-]+\.md)``\n")
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in (ROOT / "studies").glob("*.py")))
+def test_every_study_opens_with_its_question_record_and_page(script):
+    """Each ``studies/*.py`` docstring's first three lines: the question it answers, the record it writes (under
+    ``studies/out/``) and the docs page that reports it, which exists and names the study or its record."""
+    import ast
+
+    source = (ROOT / "studies" / script).read_text(encoding="utf-8")
+    doc = ast.get_docstring(ast.parse(source), clean=False) or ""
+    head = STUDY_HEAD.match(doc)
+    assert head, f"studies/{script}: its docstring opens with Question:, Record: and Page: lines"
+    page = ROOT / head["page"]
+    assert page.is_file(), head["page"]
+    text = page.read_text(encoding="utf-8")
+    stem = script.removesuffix(".py")
+    named = {stem, head["record"].removeprefix("studies/out/").split("*")[0].split(".json")[0]}
+    assert any(name in text for name in named), f"{head['page']} does not name {script} or its record"
 
 
 # --------------------------------------------------------------------------------------- the benchmarks page
@@ -241,65 +260,3 @@ def test_sphinx_markup_reaches_the_generated_pages_as_plain_code():
     assert generate.plain_code("(:mod:`pgrank.paths`, ``flows/x.py``, :func:`~a.b`)") == "(`pgrank.paths`, `flows/x.py`, `a.b`)"
     for page, text in generate.generate().items():
         assert not re.search(r":(?:mod|func|class|meth|attr|data):`", text), page
-
-
-# --------------------------------------------------------------------------------------- the results page
-
-
-def test_the_results_table_of_the_tools_is_its_records():
-    """docs/results.md's KL / anchor / rule table: every change against the warm start, every p against the demo,
-    every validation gain and every run's seconds is the one ``studies/out/variants-demo-tools-float32.json`` holds, to
-    the printed digits."""
-    record = _record("variants-demo-tools-float32.json")
-    warm, variants = record["warm"], record["summary"]["variants"]
-    text = (DOCS / "results.md").read_text(encoding="utf-8")
-    section = text.split("{ #tools }", 1)[1].split("\n### ", 1)[0]
-    rows = _table_body(section)
-    assert {row[0].split()[0] for row in rows} == set(variants)
-    for name, *cells in rows:
-        entry = variants[name.split()[0]]
-        for cell, dataset in zip(cells[:3], ("scifact", "nfcorpus", "dbpedia")):
-            _assert_changes(cell, entry, warm, dataset, name)
-        validation = _signed(cells[3])
-        assert validation == pytest.approx([entry["val_in"], entry["val_ood"]["nfcorpus/dev"],
-                                            entry["val_ood"]["dbpedia/dev"]], abs=5e-5), name
-        assert int(cells[4]) == round(entry["seconds"]), name
-
-
-def test_the_results_table_of_nfcorpus_train_queries_is_its_record():
-    """docs/results.md's table of NFCorpus's train and test queries: every change against the warm start, every p
-    against the demo and every run's seconds is the one ``studies/out/variants-demo-tools-nfcorpus-train.json`` holds,
-    to the printed digits."""
-    record = _record("variants-demo-tools-nfcorpus-train.json")
-    warm, variants = record["warm"], record["summary"]["variants"]
-    text = (DOCS / "results.md").read_text(encoding="utf-8")
-    section = text.split("{ #nfcorpus-train }", 1)[1].split("\n### ", 1)[0]
-    rows = _table_body(section)
-    assert sorted(row[0].split()[0] for row in rows) == sorted(variants)
-    for name, train, test, seconds in rows:
-        entry = variants[name.split()[0]]
-        for cell, dataset in ((train, "nfcorpus/train"), (test, "nfcorpus")):
-            _assert_changes(cell, entry, warm, dataset, name, every_p=True)
-        assert int(seconds) == round(entry["seconds"]), name
-
-
-def test_the_results_table_of_the_anchors_weight_is_its_record():
-    """docs/results.md's table of the anchor's weight under the demo as it is: every validation gain, half-document
-    change and test change against the warm start is the one ``studies/out/variants-demo-anchor-coef-float32.json``
-    holds, to the printed digits."""
-    record = _record("variants-demo-anchor-coef-float32.json")
-    warm, variants = record["warm"], record["summary"]["variants"]
-    names = {"0.3 (the demo)": "demo", "0.6": "anchor-0.6", "1": "anchor-1"}
-    text = (DOCS / "results.md").read_text(encoding="utf-8")
-    section = text.split("**The anchor's weight, with the demo as it is**", 1)[1].split("\n* ", 1)[0]
-    rows = _table_body(section)
-    assert [row[0] for row in rows] == list(names)
-    for label, validation, halves, scifact, nfcorpus, dbpedia in rows:
-        entry = variants[names[label]]
-        ood = entry["val_ood"]
-        assert _signed(validation) == pytest.approx([entry["val_in"], ood["nfcorpus/dev"], ood["dbpedia/dev"]], abs=5e-5)
-        assert _signed(halves) == pytest.approx([ood["halves:scifact"], ood["halves:nfcorpus"]], abs=5e-5)
-        change = {key: cell["mean"] - warm[key]["ndcg@10"] for key, cell in entry["test"].items()}
-        assert _signed(scifact) == pytest.approx([change["scifact/rerank"]], abs=5e-5)
-        assert _signed(nfcorpus) == pytest.approx([change["nfcorpus/rerank"], change["nfcorpus/full"]], abs=5e-5)
-        assert _signed(dbpedia) == pytest.approx([change["dbpedia/rerank"], change["dbpedia/full"]], abs=5e-5)

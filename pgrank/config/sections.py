@@ -67,8 +67,9 @@ class ModelsConfig(Section):
     revisions: dict[str, str] = Field(
         default_factory=dict, description="hub revision (commit, tag, branch or refs/pr/N) per model (alias or hub id)")
     processes_per_gpu: PositiveInt = Field(
-        default=4, description="processes encoding a corpus on each GPU (sentence-transformers' pool): tokenizing on the "
-                               "CPU overlaps the GPU's work")
+        default=4, description="processes encoding a corpus's strings on each GPU (sentence-transformers' pool, for a "
+                               "model without a token path): tokenizing on the CPU overlaps the GPU's work; a token "
+                               "store encodes in one process per GPU")
 
 
 class TrackingConfig(Section):
@@ -317,11 +318,11 @@ class ChampionConfig(Section):
 
     Champion and challenger are evaluated side by side on one gate set. Superiority (``margin`` unset): the
     challenger is promoted only if its mean ``metric`` beats the champion's by more than ``min_gain`` and a
-    one-sided paired ``test`` over the gate queries gives ``p`` below the decision's level. Non-inferiority
-    (``margin`` set): it is promoted unless it is worse by more than ``margin`` (one-sided test of H0: gain <=
-    -margin). The level is ``alpha`` for every decision, or, with ``budget`` set (and ``alpha: null``), the level
-    ``budget_rule`` gives each decision so that the chance of any false promotion over ``horizon`` decisions is at
-    most ``budget`` (``pgrank.core.error_budget``).
+    one-sided ``test`` of the mean gain over the gate queries gives ``p`` below the decision's level.
+    Non-inferiority (``margin`` set): it is promoted unless it is worse by more than ``margin`` (one-sided test of
+    H0: mean gain <= -margin). The level is ``alpha`` for every decision, or, with ``budget`` set (and ``alpha:
+    null``), the level ``budget_rule`` gives each decision so that the error over a period of ``horizon`` decisions
+    is at most ``budget`` (``pgrank.core.error_budget``).
     """
 
     gate_set: str = Field(default="frozen", pattern=r"^frozen$|^[\w.-]+/[\w.-]+$",
@@ -334,27 +335,37 @@ class ChampionConfig(Section):
     metric: str = "ndcg@10"
     min_gain: float = Field(default=0.0, description="superiority: the challenger's mean gain over the champion must "
                                                      "exceed it (leave 0 with a margin)")
-    test: Literal["student", "wilcoxon", "fisher"] = Field(
-        default="student", description="the paired test over the gate queries, one-sided in the direction of a gain "
-                                       "(wilcoxon: signed-rank, ties ranked then dropped, Pratt's method; fisher: "
-                                       "randomization by sign flips)")
+    test: Literal["betting", "student", "wilcoxon", "fisher"] = Field(
+        default="betting", description="the one-sided test of the mean gain over the gate queries: betting (exact for "
+                                       "per-query differences in [-1, 1], any distribution; Waudby-Smith & Ramdas) or "
+                                       "student (paired t-test, approximate at small levels); wilcoxon and fisher "
+                                       "test a symmetric null, not the mean, and are refused")
     alpha: Annotated[float, Field(gt=0, lt=1)] | None = Field(
         default=0.05, description="the level of every decision, p < alpha (null: no significance required, or the "
                                   "levels come from budget)")
     budget: Annotated[float, Field(gt=0, lt=1)] | None = Field(
-        default=None, description="the chance of any false promotion over horizon decisions (e.g. 0.05), spent by "
-                                  "budget_rule; needs alpha: null (null: every decision at alpha)")
+        default=None, description="the error allowed over a period of horizon decisions (e.g. 0.05), spent by "
+                                  "budget_rule: the chance of any false promotion (spending, fallback) or the false "
+                                  "discovery rate (elond); needs alpha: null (null: every decision at alpha)")
     horizon: PositiveInt = Field(default=52, description="decisions the budget covers (52: a year of weekly runs); "
                                                         "after them a new budget starts (the next period)")
-    budget_rule: Literal["spending", "fallback"] = Field(
+    budget_rule: Literal["spending", "fallback", "elond"] = Field(
         default="spending", description="spending: budget / horizon per decision (alpha spending); fallback: the "
-                                        "same, plus the level of the previous decision when it promoted")
+                                        "same, plus the level of the previous decision when it promoted; elond: "
+                                        "e-LOND, budget / horizon times one more than the period's promotions so "
+                                        "far (false discovery rate; needs test: betting)")
     margin: NonNegFloat | None = Field(
         default=None, description="non-inferiority: promote unless the challenger is worse by more than margin (in "
                                   "the metric's units, e.g. 0.005 nDCG@10; null: superiority with min_gain)")
     refresh_after: PositiveInt | None = Field(
         default=None, description="decisions on one gate set before it is refreshed from newly judged queries "
                                   "(null: only after a promotion)")
+    lease: Annotated[float, Field(gt=0)] = Field(
+        default=600.0, description="seconds the gate's lease in the registry lasts without a renewal (one gate at a "
+                                   "time; renewed every lease / 3 seconds while the gate works, so a killed gate's "
+                                   "lease lapses within it)")
+    lease_wait: Annotated[float, Field(ge=0)] = Field(
+        default=0.0, description="seconds to wait for another gate's lease before refusing with its owner and expiry")
 
     @field_validator("metric")
     @classmethod
@@ -377,6 +388,29 @@ class ChampionConfig(Section):
         if v is not None and info.data.get("min_gain"):
             raise ValueError(f"a margin asks for non-inferiority, min_gain for superiority, so champion.min_gain must "
                              f"be 0 with it (it is {info.data['min_gain']!r})")
+        if v is not None and v >= 1:
+            raise ValueError(f"a margin is in the metric's units, below 1 (it is {v!r})")
+        return v
+
+    @field_validator("test")
+    @classmethod
+    def _a_test_of_the_mean(cls, v: str) -> str:
+        # The gate claims a mean gain (or a margin on it); a rank or sign-flip test's null is symmetry about 0
+        # (pgrank.core.promotion.refuse_rank_test says the same to library callers).
+        if v in ("wilcoxon", "fisher"):
+            raise ValueError(f"{v} tests a null symmetric about 0, not a mean gain of 0, so it cannot decide the "
+                             "gate's claim about the mean (nor a margin on it): under skewed per-query gains it "
+                             "promotes a no-better challenger far more often than its level; use betting (exact for "
+                             "any distribution on [-1, 1]) or student (approximate)")
+        return v
+
+    @field_validator("budget_rule")
+    @classmethod
+    def _e_values_for_elond(cls, v: str, info: ValidationInfo) -> str:
+        if v == "elond" and "test" in info.data and info.data["test"] != "betting":
+            raise ValueError(f"{v} combines e-values, which only champion.test: betting gives (it is "
+                             f"{info.data.get('test')!r}): set champion.test: betting, or budget_rule: spending or "
+                             "fallback")
         return v
 
 

@@ -144,6 +144,11 @@ class TrainConfig(Section):
                                     "chunking, validation): documents sorted by length, packed without padding "
                                     "where the model allows; at least max_doc_length")
     amp: Literal["bf16", "off"] = "bf16"
+    compile_layers: bool = Field(
+        default=False, description="compile the packed encoder's layers with torch.compile (inductor), the chunk's "
+                                   "token count dynamic: the layers' tails fused (pgrank.models.packed_encoder). Off "
+                                   "until measured on a GPU; on a CPU a compiled chunk pass is faster and repays the "
+                                   "cold compile after some chunk passes (bench/packed_layers.py)")
     keep_epochs: list[NonNegInt] = Field(default_factory=lambda: [0, 2, 6])
     seed: int = Field(default=42, description="seed of the run: initial shuffles, sampled rankings, dropout")
     validation_sets: list[Annotated[str, Field(pattern=r"^[\w.-]+/[\w.-]+$")]] = Field(

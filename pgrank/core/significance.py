@@ -54,7 +54,7 @@ def student_p_values(differences: np.ndarray, alternative: Alternative = "two-si
         t = mean / (sd / np.sqrt(n))  # (...)
     p = 2 * special.stdtr(n - 1, -np.abs(t)) if alternative == "two-sided" else special.stdtr(n - 1, -t)
     p = np.where(sd == 0, np.where(mean == 0, 1.0, np.where((mean > 0) | (alternative == "two-sided"), 0.0, 1.0)), p)
-    return np.where(np.all(np.isclose(d, 0.0), axis=-1), 1.0, p)
+    return np.where(np.all(np.abs(d) <= 1e-8, axis=-1), 1.0, p)  # np.isclose(d, 0.0), without its cost
 
 
 # The paired tests by name, as tables and model cards print them.

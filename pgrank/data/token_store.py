@@ -317,11 +317,15 @@ def corpus_blocks(corpus) -> Callable[[int, int], list[str]]:
     return lambda lo, hi: next(corpus.text_blocks(lo, hi, block=hi - lo))[1]
 
 
-def corpus_tokens(model, paths, corpus, *, task: str = "document", max_length: int, progress: bool = False) -> TokenStore:
-    """The token store of a corpus store's texts for ``model`` (built on first use)."""
+def corpus_tokens(model, paths, corpus, *, task: str = "document", max_length: int, progress: bool = False,
+                  build: bool = True) -> TokenStore | None:
+    """The token store of a corpus store's texts for ``model`` (built on first use; ``build=False``: ``None`` where
+    it has not been built)."""
     identity = tokenizer_identity(model, task, max_length)
     name = corpus.meta.get("dataset", corpus.folder.name)
     folder = paths.token_store(name, identity["sha256"], max_length, corpus.sha256)
+    if not build and not (folder / META).is_file():
+        return None
     return build_token_store(model, corpus_blocks(corpus), len(corpus), folder, task=task, max_length=max_length,
                              source={"name": name, "sha256": corpus.sha256, "kind": "corpus"}, progress=progress)
 

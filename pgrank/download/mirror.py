@@ -1,16 +1,16 @@
 """Where ``NAME.zip`` files come from: BEIR's server, or a mirror (a folder or an http(s) URL).
 
 The mirror is ``--mirror``, else ``$PGRANK_BEIR_MIRROR``, else ``data.mirror``, else BEIR's server
-(:func:`resolve_source`). A relative folder means what it meant where the user typed it: the commands that
-start DVC make ``$PGRANK_BEIR_MIRROR`` absolute first (:func:`absolute_mirror_env`), because DVC runs
-``pgrank download`` inside a profile workspace, another directory.
+(:func:`resolve_source`); an unset or empty one is no mirror. A relative folder means what it meant where the
+user typed it: the commands that start DVC make ``$PGRANK_BEIR_MIRROR`` absolute first (:func:`absolute_mirror_env`),
+because DVC runs ``pgrank download`` inside a profile workspace, another directory.
 """
 
 from __future__ import annotations
 
 import os
 import urllib.parse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pgrank.download.catalogue import BEIR_BASE_URL
@@ -26,6 +26,7 @@ class Source:
     base: str
     local: bool = False
     mirror: bool = False
+    named_by: str = field(default="", compare=False)  # for messages: "--mirror", "$PGRANK_BEIR_MIRROR" or "data.mirror"
 
     def locate(self, filename: str) -> str:
         return str(Path(self.base) / filename) if self.local else f"{self.base}/{filename}"
@@ -63,11 +64,11 @@ def resolve_source(mirror: str | None = None, configured: str | None = None, *,
     if not base:
         return Source(BEIR_BASE_URL)
     if _is_url(base):
-        return Source(base.rstrip("/"), mirror=True)
+        return Source(base.rstrip("/"), mirror=True, named_by=where)
     if base.startswith("file://"):
         base = urllib.parse.unquote(urllib.parse.urlparse(base).path)
     folder = (relative_to / Path(base).expanduser()).resolve()
     if not folder.is_dir():
         raise DataError(f"{where} {base!r}: no such folder {folder} (expected a folder or an http(s) URL holding "
                         "NAME.zip files)")
-    return Source(str(folder), local=True, mirror=True)
+    return Source(str(folder), local=True, mirror=True, named_by=where)

@@ -22,7 +22,9 @@ Every stage reads a dataset from ``Paths.dataset(name)``. For a source that is:
   fetched again only when they changed (or when the server sends none); a local zip is re-extracted
   when its SHA-256 changes. A ``mirror`` zip is one the BEIR mirror holds beside BEIR's own zips
   (:mod:`pgrank.download.mirror`: ``$PGRANK_BEIR_MIRROR``, ``--mirror`` or ``data.mirror``), such as a subset
-  BEIR's server does not have; without a mirror it is an error that says so.
+  BEIR's server does not have. When pgrank ships a zip of that name (:mod:`pgrank.download.shipped`: the demo's
+  DBPedia-Entity subset), the shipped copy stands in wherever the mirror is not named or lacks it; otherwise a
+  missing file is an error that names it and where pgrank looked.
 
 Validation is a BEIR download's (:func:`pgrank.download.dataset_checks.validate_folder`: bad lines named by file
 and line, duplicate ids, judged queries without text), plus judgments whose document is not in the
@@ -53,6 +55,7 @@ from pgrank.download.archive import beir_folders, extract
 from pgrank.download.dataset_checks import validate_folder
 from pgrank.download.manifests import fingerprint
 from pgrank.download.mirror import MIRROR_ENV, Source
+from pgrank.download.shipped import SHIPPED, shipped_zip
 from pgrank.download.transfer import TIMEOUT_S, transfer
 from pgrank.errors import DataError
 
@@ -232,21 +235,57 @@ def url_zip(name: str, cfg: SourceConfig, target: Path, *, progress: bool = True
     return "validated"
 
 
+def _served(url: str) -> bool:
+    """Whether a mirror URL serves a file (a GET of its first byte): false on HTTP 404 or 410, and when the mirror
+    cannot be reached; any other answer is the transfer's to report."""
+    request = urllib.request.Request(url, headers={"User-Agent": "pgrank", "Range": "bytes=0-0"})
+    try:
+        with urllib.request.urlopen(request, timeout=TIMEOUT_S):
+            return True
+    except urllib.error.HTTPError as exc:
+        return exc.code not in (404, 410)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
 def mirror_zip(name: str, cfg: SourceConfig, target: Path, mirror: Source | None, sums: dict[str, str] | None, *,
                progress: bool = True) -> str:
     """A ``mirror: NAME.zip`` source: the zip of that name on the BEIR mirror, installed as a local zip (a mirror
-    folder) or a URL (a mirror URL) is, pinned by ``sha256`` or else by the mirror's ``SHA256SUMS`` when it lists it."""
+    folder) or a URL (a mirror URL) is, pinned by ``sha256``, else by the mirror's ``SHA256SUMS`` when it lists it, else
+    by the pin of the copy pgrank ships of that name (:mod:`pgrank.download.shipped`).
+
+    When pgrank ships the file, the mirror is optional: with no mirror named, a mirror folder that lacks the file or a
+    mirror URL that does not serve it (or cannot be reached), the shipped copy is installed, checked against ``sha256``
+    when given and always against its own pin. Otherwise a missing file is one error naming it and where pgrank looked.
+    """
     where = f"data.sources.{name}.mirror {cfg.mirror!r}"
-    if mirror is None or not mirror.mirror:
-        raise DataError(f"{where}: not on BEIR's server; set ${MIRROR_ENV} (or --mirror, or data.mirror) to a folder "
-                        f"or URL that holds {cfg.mirror}")
-    located = mirror.locate(cfg.mirror)
-    pin = cfg.sha256 or (sums or {}).get(cfg.mirror)
-    if mirror.local:
-        if not Path(located).is_file():
-            raise DataError(f"{where}: no such file {located} in the mirror")
-        return local_zip(name, cfg.model_copy(update={"path": located, "mirror": None, "sha256": pin}), target, Path.cwd())
-    return url_zip(name, cfg.model_copy(update={"url": located, "mirror": None, "sha256": pin}), target, progress=progress)
+    mirrored = mirror is not None and mirror.mirror
+    located = mirror.locate(cfg.mirror) if mirrored else None
+    if not mirrored:
+        on_mirror = False
+    elif mirror.local:
+        on_mirror = Path(located).is_file()
+    else:  # a mirror URL: asked only when there is a shipped copy to fall back to (url_zip reports its own failures)
+        on_mirror = cfg.mirror not in SHIPPED or _served(located)
+    if on_mirror:
+        pin = cfg.sha256 or (sums or {}).get(cfg.mirror) or SHIPPED.get(cfg.mirror)
+        if mirror.local:
+            update = {"path": located, "mirror": None, "sha256": pin}
+            return local_zip(name, cfg.model_copy(update=update), target, Path.cwd())
+        return url_zip(name, cfg.model_copy(update={"url": located, "mirror": None, "sha256": pin}), target,
+                       progress=progress)
+    shipped = shipped_zip(cfg.mirror)
+    if shipped is None:
+        if mirrored:
+            raise DataError(f"{where}: no such file {located} in the BEIR mirror named by {mirror.named_by or 'data.mirror'},"
+                            f" and pgrank ships no {cfg.mirror}; put it there")
+        raise DataError(f"{where}: not on BEIR's server, and pgrank ships no {cfg.mirror}; set ${MIRROR_ENV} (or --mirror,"
+                        f" or data.mirror) to a folder or URL that holds it")
+    if mirrored:
+        log.info("data.sources.%s: %s is not in the BEIR mirror (%s); installing the copy pgrank ships", name,
+                 cfg.mirror, located)
+    update = {"path": str(shipped), "mirror": None, "sha256": cfg.sha256 or SHIPPED[cfg.mirror]}
+    return local_zip(name, cfg.model_copy(update=update), target, Path.cwd())
 
 
 def install_source(name: str, cfg: SourceConfig, target: str | Path, cache_file: str | Path,

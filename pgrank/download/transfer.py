@@ -45,9 +45,11 @@ def _bar(desc: str, total: int | None, initial: int, progress: bool) -> tqdm:
                 disable=not progress, mininterval=0.5)
 
 
-def _copy_local(src: Path, part: Path, progress: bool) -> None:
+def _copy_local(src: Path, part: Path, progress: bool, source: Source | None = None) -> None:
     if not src.is_file():
-        raise DataError(f"{src}: not in the mirror (expected {src.name} there)")
+        named = f" named by {source.named_by}" if source is not None and source.named_by else ""
+        raise DataError(f"{src}: not in the mirror{named}; put {src.name} there, or name no mirror (an unset or empty "
+                        f"${MIRROR_ENV}) to download it from BEIR's server")
     size = src.stat().st_size
     have = part.stat().st_size if part.exists() else 0
     if have > size:  # a stale .part of some other file: start over
@@ -110,7 +112,7 @@ def transfer(source: Source, filename: str, part: Path, progress: bool, attempts
     for attempt in range(1, attempts + 1):
         try:
             if source.local:
-                _copy_local(Path(source.locate(filename)), part, progress)
+                _copy_local(Path(source.locate(filename)), part, progress, source)
             else:
                 _fetch_http(source.locate(filename), part, progress)
             return

@@ -1,6 +1,7 @@
 """The exported policy: one trained policy as a folder that plain sentence-transformers loads, with a model card.
 
-``pgrank export --to DIR`` writes::
+``pgrank [--profile P] export --to DIR`` exports the run of the profile's workspace, as its ``params.yaml`` recorded
+it (:mod:`pgrank.export.recorded`: the overrides it was made with are not repeated), and writes::
 
     DIR/modules.json, config_sentence_transformers.json     the sentence-transformers model (prompts, similarity)
     DIR/<module folders>/                                   weights (safetensors), tokenizer, module configs
@@ -22,7 +23,8 @@ previous export or nothing. ``DIR`` may be an earlier export (its ``pgrank.json`
 an empty folder, or new; anything else is refused.
 
 Example:
-    >>> exported = export_policy(params, paths, Path("pgrank-minilm"))
+    >>> run = recorded_run(Path("params.yaml").resolve(), "demo", [])  # the demo's workspace: runs/demo/params.yaml
+    >>> exported = export_policy(run.params, run.paths, Path("pgrank-minilm"))
     >>> SentenceTransformer(str(exported.folder)).encode_query(["what causes fever"])
 """
 
@@ -90,7 +92,7 @@ def _check_target(to: Path, source: Path) -> None:
 
 
 def export_policy(params: Params, paths: Paths, to: str | Path, *, warm_start: str | None = None,
-                  objective: str | None = None, repo_id: str | None = None) -> Exported:
+                  objective: str | None = None, repo_id: str | None = None, license: str | None = None) -> Exported:
     """Export a run's trained policy to ``to``: a sentence-transformers folder and its model card (see the module
     docstring).
 
@@ -101,7 +103,9 @@ def export_policy(params: Params, paths: Paths, to: str | Path, *, warm_start: s
         warm_start: an entry of ``train.warm_starts`` (default: the first).
         objective: an entry of ``train.objectives``, ``<entry>.s<seed>`` for one of ``train.extra_seeds``
             (default: the first entry at ``train.seed``).
-        repo_id: the hub repository it is going to (the card's usage example loads it by that name).
+        repo_id: the hub repository it is going to (the card's usage example loads it by that name; without one,
+            by the folder's absolute path).
+        license: the card's license (default: the warm start's, from its own model card).
 
     Returns:
         The policy's name, its checkpoint, the export folder and the model card's facts.
@@ -120,13 +124,13 @@ def export_policy(params: Params, paths: Paths, to: str | Path, *, warm_start: s
     to = Path(to).expanduser()
     _check_target(to, source)
     checkpoint = model_record(str(source), paths)  # as metrics.json names it
-    facts = policy_facts(params, paths, system, meta, checkpoint)
+    facts = policy_facts(params, paths, system, meta, checkpoint, license)
     model = load_encoder(str(source), params.models, device="cpu", max_seq_length=params.evaluate.max_seq_length)
     model.similarity_fn_name = meta.get("similarity", params.train.similarity)
     with atomic_path(to, directory=True) as tmp:
         model.save(str(tmp), create_model_card=False, safe_serialization=True)
         record = {**meta, EXPORTED_AS: system, "checkpoint": checkpoint}
         (tmp / CHECKPOINT_META).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        (tmp / CARD).write_text(render(facts, repo_id or to.name), encoding="utf-8")
+        (tmp / CARD).write_text(render(facts, repo_id or str(to.resolve())), encoding="utf-8")
     return Exported(system, source, to, facts)
 

@@ -15,6 +15,15 @@ masks (the same random draws in the same order) and the gradients are bitwise th
 (tested, in training mode with dropout). BERT's pooler is left out: sentence-transformers pools the token
 embeddings and never reads its output. Anything else (a padded batch, hidden states or attentions asked for, a
 chunked feed-forward, a decoder) goes to transformers' forward.
+
+Compiled regions (:func:`compile_regions`, ``train.compile_layers``): what follows each layer's attention (the output
+projection, dropout, residual and LayerNorm, the feed-forward with its activation, dropout, residual and LayerNorm)
+is one function, :func:`_distilbert_tail` or :func:`_bert_tail`, that ``torch.compile`` compiles once for every layer
+(the layer is an argument, its weights the graph's inputs) with the chunk's token count dynamic
+(``torch._dynamo.maybe_mark_dynamic``), so inductor fuses the bias, activation, dropout, residual and LayerNorm
+kernels whatever the chunk. Attention stays outside the compiled regions: its kernels are fused already. Compiled
+and eager layers agree to float rounding, embeddings and gradients (tested on the CPU with inductor); dropout draws
+its masks from inductor's generator, not eager's.
 """
 
 from __future__ import annotations
@@ -51,6 +60,7 @@ def install(auto_model) -> bool:
 def uninstall(auto_model) -> None:
     """Back to transformers' forward."""
     auto_model.__dict__.pop("forward", None)
+    auto_model.__dict__.pop(_COMPILE_FLAG, None)
 
 
 def installed(auto_model) -> bool:
@@ -75,18 +85,56 @@ def forward(self, **kwargs):
     return BaseModelOutput(last_hidden_state=hidden.unsqueeze(0))
 
 
+def compile_regions(auto_model, on: bool = True) -> bool:
+    """Run ``auto_model``'s packed layers' tails compiled (``on``) or eager; returns whether they now run compiled
+    (only a model with the packed forward, :func:`installed`, has them)."""
+    on = bool(on) and installed(auto_model)
+    auto_model.__dict__[_COMPILE_FLAG] = on
+    return on
+
+
+def compiles(auto_model) -> bool:
+    return bool(auto_model.__dict__.get(_COMPILE_FLAG, False))
+
+
+_COMPILE_FLAG = "_pgrank_compiled"
+_COMPILED: dict = {}  # eager tail -> its torch.compile wrapper, shared by every model (Dynamo caches per code object)
+
+
+def _tail(model, fn):
+    """``fn`` (a layer's tail), or its compiled wrapper with the token count of its inputs dynamic."""
+    if not compiles(model):
+        return fn
+    compiled = _COMPILED.get(fn)
+    if compiled is None:
+        compiled = _COMPILED[fn] = torch.compile(fn)
+
+    def run(layer, h: Tensor, x: Tensor) -> Tensor:
+        torch._dynamo.maybe_mark_dynamic(h, 0)
+        torch._dynamo.maybe_mark_dynamic(x, 0)
+        return compiled(layer, h, x)
+
+    return run
+
+
 def _distilbert(model, ids: Tensor, positions: Tensor, pad) -> Tensor:
     embeddings = model.embeddings
     x = embeddings.word_embeddings(ids) + embeddings.position_embeddings(positions)
     x = _dropout(embeddings.dropout, _norm(embeddings.LayerNorm, x))
+    tail = _tail(model, _distilbert_tail)
     for layer in model.transformer.layer:
         attention = layer.attention
-        h = _attend(attention, x, attention.q_lin, attention.k_lin, attention.v_lin, pad)
-        x = _norm(layer.sa_layer_norm, _linear(attention.out_lin, h) + x)
-        ffn = layer.ffn
-        y = _dropout(ffn.dropout, _linear(ffn.lin2, ffn.activation(_linear(ffn.lin1, x))))
-        x = _norm(layer.output_layer_norm, y + x)
+        x = tail(layer, _attend(attention, x, attention.q_lin, attention.k_lin, attention.v_lin, pad), x)
     return x
+
+
+def _distilbert_tail(layer, h: Tensor, x: Tensor) -> Tensor:
+    """A DistilBERT layer after its attention ``h``: output projection, residual, LayerNorm, feed-forward, dropout,
+    residual, LayerNorm."""
+    x = _norm(layer.sa_layer_norm, _linear(layer.attention.out_lin, h) + x)
+    ffn = layer.ffn
+    y = _dropout(ffn.dropout, _linear(ffn.lin2, ffn.activation(_linear(ffn.lin1, x))))
+    return _norm(layer.output_layer_norm, y + x)
 
 
 def _bert(model, ids: Tensor, positions: Tensor, token_types: Tensor | None, pad) -> Tensor:
@@ -96,14 +144,21 @@ def _bert(model, ids: Tensor, positions: Tensor, token_types: Tensor | None, pad
     x = embeddings.word_embeddings(ids) + embeddings.token_type_embeddings(token_types)
     x = x + embeddings.position_embeddings(positions)
     x = _dropout(embeddings.dropout, _norm(embeddings.LayerNorm, x))
+    tail = _tail(model, _bert_tail)
     for layer in model.encoder.layer:
-        attention, out = layer.attention.self, layer.attention.output
-        h = _attend(attention, x, attention.query, attention.key, attention.value, pad)
-        x = _norm(out.LayerNorm, _dropout(out.dropout, _linear(out.dense, h)) + x)
-        inner, out = layer.intermediate, layer.output
-        y = inner.intermediate_act_fn(_linear(inner.dense, x))
-        x = _norm(out.LayerNorm, _dropout(out.dropout, _linear(out.dense, y)) + x)
+        attention = layer.attention.self
+        x = tail(layer, _attend(attention, x, attention.query, attention.key, attention.value, pad), x)
     return x
+
+
+def _bert_tail(layer, h: Tensor, x: Tensor) -> Tensor:
+    """A BERT layer after its attention ``h``: output projection, dropout, residual, LayerNorm, feed-forward,
+    dropout, residual, LayerNorm."""
+    out = layer.attention.output
+    x = _norm(out.LayerNorm, _dropout(out.dropout, _linear(out.dense, h)) + x)
+    inner, out = layer.intermediate, layer.output
+    y = inner.intermediate_act_fn(_linear(inner.dense, x))
+    return _norm(out.LayerNorm, _dropout(out.dropout, _linear(out.dense, y)) + x)
 
 
 def _attend(module, x: Tensor, query, key, value, pad) -> Tensor:

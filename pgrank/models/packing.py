@@ -13,10 +13,11 @@ training (:mod:`pgrank.training.grad_cache`) as for encoding a corpus:
    text's span (its ``_forward_flattened``). *Padded*: ``preprocess``'s own layout (right-padded ids and an
    attention mask), which length sorting keeps nearly free of padding; models that cannot pack use it.
 3. Attention of a packed chunk (:func:`pgrank.models.packed_attention.packed_attention`, registered with
-   transformers' ``AttentionInterface``): on CUDA, without attention dropout, FlashAttention's variable-length kernel
-   (``torch.nn.attention.varlen.varlen_attn``); otherwise the chunk's keys, queries and values are laid into a
-   ``(texts, longest)`` grid by one precomputed index and run through ``scaled_dot_product_attention`` with a
-   key mask. Either way it costs a fixed number of operations per layer, whatever the number of texts.
+   transformers' ``AttentionInterface``): on CUDA without padding, FlashAttention's variable-length kernel
+   (``torch.nn.attention.varlen.varlen_attn``) without attention dropout, the tokens as nested jagged tensors
+   through ``scaled_dot_product_attention`` with it (training); on a CPU the chunk's keys, queries and values are
+   laid into a ``(texts, longest)`` grid by one precomputed index and run through ``scaled_dot_product_attention``
+   with a key mask. Each costs a fixed number of operations per layer, whatever the number of texts.
 
 Packing applies to encoders with absolute, per-text position ids (BERT, DistilBERT, MiniLM); each is checked on
 a probe against the padded layout when packing is enabled, and a model that differs (or any other
@@ -28,6 +29,7 @@ plumbing (:mod:`pgrank.models.packed_encoder`: the same operations, issued direc
 from __future__ import annotations
 
 import contextlib
+import logging
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,7 +43,12 @@ from pgrank.models.packed_attention import PACKED, PACKED_LAYOUT, PadIndex, regi
 
 _PACKABLE = {"bert", "distilbert"}  # absolute position ids per text, attention through transformers' interface
 _FLAG = "_pgrank_packing"
+_OFF = "_pgrank_packing_off"  # why a model whose architecture packs runs padded (the probe's finding)
 PROBE_TEXTS = 8  # texts a model's packed layout is checked against the padded one on
+PROBE_COSINE = 0.999  # half-precision weights: the least cosine of a probe text's packed and padded embeddings (the
+# CUDA tests' bound in bf16); float32 ones agree to 1e-4
+
+log = logging.getLogger(__name__)
 
 
 class PackingError(PgrankError):
@@ -53,14 +60,30 @@ def packs(model) -> bool:
     return bool(getattr(model, _FLAG, False))
 
 
+def packing_off(model) -> str | None:
+    """Why ``model``, whose architecture packs, runs padded: its probe's finding (:func:`enable_packing`); else
+    ``None`` (it packs, or its architecture never does)."""
+    return getattr(model, _OFF, None)
+
+
 def enable_packing(model, probe: TokenRows, layout: dict) -> bool:
     """Switch ``model``'s attention to :func:`packed_attention` when its architecture packs, and keep it only if a
-    packed probe encodes like the padded layout (eval mode, float32). Returns whether the model now packs."""
+    packed probe encodes like the padded layout (eval mode, in the model's own dtype: to 1e-4 in float32, every
+    text's cosine above :data:`PROBE_COSINE` in half precision). Returns whether the model now packs; when the probe switches packing off, the log says
+    so once, and :func:`packing_off` says why.
+
+    Raises:
+        PgrankError: on CUDA, a torch below pgrank's floor (:mod:`pgrank.models.torch_floor`).
+    """
     if hasattr(model, _FLAG):
         return packs(model)
     modules = text_modules(model)
     ok = bool(modules) and all(m.auto_model.config.model_type in _PACKABLE for m in modules)
     if ok:
+        if next(model.parameters()).device.type == "cuda":
+            from pgrank.models import torch_floor
+
+            torch_floor.require(signature=True)
         register()
         previous = [m.auto_model.config._attn_implementation for m in modules]
         try:
@@ -68,15 +91,26 @@ def enable_packing(model, probe: TokenRows, layout: dict) -> bool:
                 m.auto_model.config._pgrank_fallback = name
                 m.auto_model.set_attn_implementation(PACKED)
                 packed_encoder.install(m.auto_model)
-            ok = _probe_agrees(model, probe, layout)
-        except (ValueError, TypeError, RuntimeError, KeyError, AttributeError):
-            ok = False
+            off = _probe(model, probe, layout)
+        except (ValueError, TypeError, RuntimeError, KeyError, AttributeError) as err:
+            off = f"the packed probe failed ({type(err).__name__}: {err})"
+        ok = off is None
         if not ok:
             for m, name in zip(modules, previous):
                 packed_encoder.uninstall(m.auto_model)
                 m.auto_model.set_attn_implementation(name)
+            object.__setattr__(model, _OFF, off)
+            log.warning("packing is off for %s: %s; its texts run padded", getattr(modules[0].auto_model.config,
+                        "_name_or_path", "the model") or "the model", off)
     object.__setattr__(model, _FLAG, ok)
     return ok
+
+
+def compile_layers(model, on: bool = True) -> bool:
+    """Run the packed layers of ``model`` (a model that :func:`packs`) compiled (``train.compile_layers``:
+    :func:`pgrank.models.packed_encoder.compile_regions`) or eager; returns whether they now run compiled."""
+    modules = text_modules(model) if packs(model) else []
+    return bool(modules) and all([packed_encoder.compile_regions(m.auto_model, on) for m in modules])
 
 
 def enable_packing_for(model, store: TokenStore) -> bool:
@@ -85,7 +119,9 @@ def enable_packing_for(model, store: TokenStore) -> bool:
     return enable_packing(model, store.gather(np.arange(min(PROBE_TEXTS, len(store)))), store.features)
 
 
-def _probe_agrees(model, probe: TokenRows, layout: dict) -> bool:
+def _probe(model, probe: TokenRows, layout: dict) -> str | None:
+    """``None`` when the packed probe encodes as the padded layout (float32 weights: to 1e-4; half precision: each
+    text's cosine above :data:`PROBE_COSINE`), else how it differs."""
     device = next(model.parameters()).device
     was = model.training
     model.eval()
@@ -95,18 +131,36 @@ def _probe_agrees(model, probe: TokenRows, layout: dict) -> bool:
             b = model(chunk_features(probe, layout, packed=False, device=device))["sentence_embedding"].float()
     finally:
         model.train(was)
-    return a.shape == b.shape and bool(torch.allclose(a, b, atol=1e-4, rtol=1e-3))
+    return probe_finding(a, b, half=next(model.parameters()).dtype != torch.float32)
+
+
+def probe_finding(a: Tensor, b: Tensor, *, half: bool) -> str | None:
+    """How a probe's packed embeddings ``a`` differ from its padded ones ``b`` (float32 ``(texts, d)``) beyond the
+    rounding of the weights' precision (``half``: bf16 or float16), or ``None`` when they agree."""
+    if a.shape != b.shape:
+        return f"the packed probe's embeddings have shape {tuple(a.shape)}, the padded layout's {tuple(b.shape)}"
+    if not half:  # float32 rounding: to 1e-4
+        if not torch.allclose(a, b, atol=1e-4, rtol=1e-3):
+            return (f"the packed probe's embeddings differ from the padded layout's by up to "
+                    f"{float((a - b).abs().max()):.2e} (float32: at most 1e-4)")
+        return None
+    cosine = float(torch.nn.functional.cosine_similarity(a, b, dim=1).min())
+    if not cosine > PROBE_COSINE:  # half precision's rounding, text by text; NaN fails too
+        return (f"the packed probe's embeddings differ from the padded layout's (least cosine {cosine:.6f}, "
+                f"{PROBE_COSINE} at least in half precision)")
+    return None
 
 
 # ------------------------------------------------------------------------------------------- chunks
 
 
-def plan_chunks(lengths: np.ndarray, budget: int) -> list[np.ndarray]:
+def plan_chunks(lengths: np.ndarray, budget: int, *, max_padding: float | None = None) -> list[np.ndarray]:
     """Positions of the texts, longest first, cut into chunks whose size times longest text is at most ``budget``.
 
     Sorted by length, a chunk's texts are nearly as long as its longest, so the budget bounds the tokens a chunk
     processes in either layout (packed, its linear layers see only the texts' tokens; attention and a padded
-    layout see the grid), and with it the chunk's activation memory.
+    layout see the grid), and with it the chunk's activation memory. ``max_padding``: a chunk also ends before the
+    text that would make its padded grid more than this share padding (a padded layout's bound: T5's encoding).
 
     Raises:
         PackingError: a text longer than the budget.
@@ -121,6 +175,10 @@ def plan_chunks(lengths: np.ndarray, budget: int) -> list[np.ndarray]:
     cuts, start, n = [], 0, len(order)
     while start < n:
         end = min(n, start + max(1, budget // int(max(ordered[start], 1))))
+        if max_padding is not None and end - start > 1:
+            # the grid's real share after each text: (sum of lengths so far) / (count x the chunk's longest)
+            real = np.cumsum(ordered[start:end]) / (np.arange(1, end - start + 1) * max(int(ordered[start]), 1))
+            end = start + int(np.argmin(real >= 1.0 - max_padding)) if not (real >= 1.0 - max_padding).all() else end
         cuts.append((start, end))
         start = end
     return [order[a:b] for a, b in cuts]
@@ -165,7 +223,8 @@ def chunk_features(rows: TokenRows, layout: dict, *, packed: bool, device: torch
         features["cu_seq_lens_q"] = cu
         features["seq_idx"] = _tensor(text[None, :], device)  # Pooling's segments, without a read of the lengths
         features[PACKED_LAYOUT] = PadIndex(_tensor(text * longest + position, device),
-                                          _tensor(keep[:, None, None, :], device), cu, n, longest)
+                                          _tensor(keep[:, None, None, :], device), cu, n, longest,
+                                          int(lengths.min()) if n else 0)
     else:
         ids = np.full((n, longest), layout["pad_id"], dtype=np.int64)
         mask = np.zeros((n, longest), dtype=np.int64)
@@ -193,15 +252,17 @@ class Chunk:
     processed: int  # tokens through the linear layers
 
 
-def chunks_of(rows: TokenRows, layout: dict, budget: int, *, packed: bool, device) -> list[Chunk]:
-    """The chunks of a step's texts (:func:`plan_chunks`), laid out and on their way to ``device``.
+def chunks_of(rows: TokenRows, layout: dict, budget: int, *, packed: bool, device,
+              max_padding: float | None = None) -> list[Chunk]:
+    """The chunks of a step's texts (:func:`plan_chunks`, ``max_padding`` of a padded layout), laid out and on
+    their way to ``device``.
 
     Raises:
         PackingError: a text longer than ``budget``.
     """
     out = []
     lengths = np.minimum(rows.lengths, budget) if layout.get("bag") else rows.lengths  # a bag has no length limit
-    for positions in plan_chunks(lengths, budget):
+    for positions in plan_chunks(lengths, budget, max_padding=None if packed else max_padding):
         part = rows.take(positions)
         out.append(Chunk(positions, _tensor(positions.astype(np.int64), torch.device(device)),
                          chunk_features(part, layout, packed=packed, device=device),

@@ -12,7 +12,8 @@ objectives), the one sent to the gate is the best on the selection split, its va
 or with no champion yet the challenger's warm start (``champion.first: gate``; ``promote``: no
 comparison). :func:`decide` is the rule, :func:`pgrank.core.promotion.judge` on per-query values. Superiority
 (the default): promote only if the challenger's mean ``champion.metric`` over the gate queries beats the baseline's
-by more than ``champion.min_gain`` and a one-sided paired ``champion.test`` gives ``p`` below the decision's level.
+by more than ``champion.min_gain`` and a one-sided test of the mean gain, ``champion.test`` (``betting``: exact for
+any distribution of per-query gains, :mod:`pgrank.core.betting`), gives ``p`` below the decision's level.
 Non-inferiority (``champion.margin`` m): promote unless the challenger is worse by more than m (one-sided test of
 H0 "gain <= -m"). The level is ``champion.alpha``, or with ``champion.budget`` the level the error budget gives
 this decision (:func:`pgrank.pipeline.retraining.budget_level`; ``alpha: null`` and no budget: no significance
@@ -26,7 +27,7 @@ Example:
     >>> decision = decide({"q1": {"ndcg@10": 0.9}, ...}, {"q1": {"ndcg@10": 0.7}, ...}, params.champion,
     ...                   challenger="4", champion="3", metrics=["ndcg@10"], gate="frozen ...")
     >>> print(decision.message)
-    promoted version 4: ndcg@10 0.7421 vs 0.6930 (+0.0491 > min_gain 0), student p = 0.0016 < level 0.05
+    promoted version 4: ndcg@10 0.7421 vs 0.6930 (+0.0491 > min_gain 0), betting p = 0.0016 < level 0.05
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ import numpy as np
 
 from pgrank.config import ChampionConfig
 from pgrank.core.promotion import choose, judge
-from pgrank.core.significance import paired_p_value
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 
 PARENT_TAG = "mlflow.parentRunId"
 DECISION_TAG = "pgrank.gate"  # on the challenger's model version, and (as pgrank.gate.*) on the gate's MLflow run
+RECORD_RUN_TAG = "pgrank.gate.record"  # on the gate's MLflow run: "<registered model> <its decision record's key>"
 CHAMPION = "the champion"  # the baseline when there is one
 # What a version's training run logged of its validation nDCG@10 (pgrank.training.trainer, MLflow names): the epoch
 # train.selection chose, else (rule last) the last epoch's, the latest value of the per-epoch metric.
@@ -81,13 +82,14 @@ class Decision:
     rows: list[Row] = field(default_factory=list)
     gate: str = ""  # what the gate set is, in words
     queries: int = 0
-    test: str = "student"
+    test: str = "betting"
     alpha: float | None = 0.05  # the level this decision's test ran at (champion.alpha, or the error budget's)
     min_gain: float = 0.0
     margin: float | None = None  # non-inferiority margin (None: superiority with min_gain)
     budget: str = ""  # where the level came from, in words, with an error budget ("": champion.alpha)
     baseline: str = CHAMPION  # what the challenger met: the champion, or its warm start ("its warm start NAME")
     selection: dict[str, float] = field(default_factory=dict)  # version -> validation nDCG@10, with several challengers
+    e_value: float | None = None  # the betting test's e-value of the decision's metric (p = min(1, 1 / e))
 
     @property
     def message(self) -> str:
@@ -132,11 +134,17 @@ class Decision:
                     f"the margin {self.margin:g} (non-inferiority)")
         if self.alpha is None:
             return said
-        said += f", with a one-sided paired {self.test} test p < {self.alpha:.3g}"
+        said += f", with a one-sided {self.test} test of the mean gain, p < {self.alpha:.3g}"
         return said + (f", the level {self.budget}" if self.budget else " (champion.alpha)")
 
     def as_dict(self) -> dict:
         return asdict(self) | {"message": self.message}
+
+
+def tuning_level(cfg: ChampionConfig) -> float:
+    """The level the betting test's bets are tuned for, fixed before any data: the budget's share per decision
+    (``budget / horizon``), else ``alpha`` (0.05 when no significance is asked for)."""
+    return cfg.budget / cfg.horizon if cfg.budget is not None else cfg.alpha or 0.05
 
 
 def _values(values: PerQuery, qids: list[str], metric: str) -> np.ndarray:
@@ -191,12 +199,12 @@ def decide(challenger_values: PerQuery, baseline_values: PerQuery | None, cfg: C
     rows = []
     for m in metrics:
         ours, theirs = _values(challenger_values, qids, m), _values(baseline_values, qids, m)
-        if m == cfg.metric:
-            verdict = judge(ours, theirs, min_gain=cfg.min_gain, test=cfg.test, alpha=alpha, margin=cfg.margin)
-            rows.append(Row(m, float(ours.mean()), float(theirs.mean()), verdict.gain, verdict.p_value))
-        else:
-            rows.append(Row(m, float(ours.mean()), float(theirs.mean()), float(ours.mean() - theirs.mean()),
-                            paired_p_value(ours, theirs, cfg.test, alternative="greater", margin=cfg.margin or 0.0)))
+        judged = judge(ours, theirs, min_gain=cfg.min_gain, test=cfg.test, alpha=alpha, margin=cfg.margin,
+                       tune=tuning_level(cfg), by_e_value=cfg.budget is not None and cfg.budget_rule == "elond")
+        if m == cfg.metric:  # the first row: the decision's own metric
+            verdict = judged
+        rows.append(Row(m, float(ours.mean()), float(theirs.mean()), judged.gain, judged.p_value))
+    base["e_value"] = verdict.e_value
     head = rows[0]
     against = "" if baseline == CHAMPION else f"{baseline}'s "
     scores = f"{cfg.metric} {head.challenger:.4f} vs {against}{head.champion:.4f} ({head.gain:+.4f}"
@@ -205,12 +213,19 @@ def decide(challenger_values: PerQuery, baseline_values: PerQuery | None, cfg: C
         what = "not better than" if cfg.margin is None else "worse by more than champion.margin than"
         return Decision(False, f"version {challenger} is {what} {baseline}: {scores} <= {bound})", rows=rows, **base)
     source = f" ({budget})" if budget else ""
+    by_e = cfg.budget is not None and cfg.budget_rule == "elond"
+
+    def evidence(passed: bool) -> str:
+        if by_e:  # e-LOND: the e-value against 1 / level
+            return f"{cfg.test} e-value {verdict.e_value:.3g} {'>=' if passed else '<'} 1 / level {alpha:.3g}"
+        return f"{cfg.test} p = {head.p_value:.2g} {'<' if passed else '>='} level {alpha:.3g}"
+
     if verdict.reason == "not_significant":
         what = "gain over" if cfg.margin is None else "non-inferiority to"
         spent = "; the error budget is spent" if alpha == 0 else ""
         return Decision(False, f"version {challenger}'s {what} {baseline} is not significant: {scores}), "
-                        f"{cfg.test} p = {head.p_value:.2g} >= level {alpha:.3g}{source}{spent}", rows=rows, **base)
-    significance = f", {cfg.test} p = {head.p_value:.2g} < level {alpha:.3g}{source}" if alpha is not None else ""
+                        f"{evidence(False)}{source}{spent}", rows=rows, **base)
+    significance = f", {evidence(True)}{source}" if alpha is not None else ""
     return Decision(True, f"{scores} > {bound}){significance}", rows=rows, **base)
 
 # --------------------------------------------------------------------------------------- registry
@@ -267,9 +282,31 @@ def champion(client: MlflowClient, model_name: str, alias: str) -> str | None:
     return None if version is None else str(version)
 
 
+def record_marker(model_name: str, record: str) -> str:
+    """The value of a decision run's ``pgrank.gate.record`` tag: the registered model and the record's key (record
+    numbers are per registered model, and several may share an experiment)."""
+    return f"{model_name} {record}"
+
+
+def logged_run(client: MlflowClient, experiment_id: str, marker: str) -> str | None:
+    """The finished ``champion-gate`` run whose ``pgrank.gate.record`` tag is ``marker`` (:func:`record_marker`), if
+    one was logged; an unfinished one (its process killed while logging) is deleted, so that a record's run is logged
+    once and whole."""
+    found = client.search_runs([experiment_id], filter_string=f"tags.`{RECORD_RUN_TAG}` = '{marker}'")
+    finished = [r.info.run_id for r in found if r.info.status == "FINISHED"]
+    for run in found:
+        if run.info.run_id not in finished[:1]:
+            client.delete_run(run.info.run_id)
+    return finished[0] if finished else None
+
+
 def log_decision(params: Params, paths: Paths, decision: Decision, *, parent_run_id: str | None,
-                 per_query: dict[str, PerQuery] | None = None) -> str | None:
+                 per_query: dict[str, PerQuery] | None = None, record: str | None = None) -> str | None:
     """An MLflow run ``champion-gate`` (nested under the pipeline run) with the decision; returns its id.
+
+    With ``record`` (the decision record's key), the run carries the tag ``pgrank.gate.record`` (the registered model
+    and the key) from its start, and a finished run of that record is returned instead of logging a second one
+    (:func:`logged_run`).
 
     Tags ``pgrank.gate.decision`` (promoted | kept), ``pgrank.gate.baseline`` (what the challenger met),
     ``pgrank.gate.reason``, ``pgrank.gate.metric``, ``pgrank.gate.challenger``, ``pgrank.gate.champion`` and
@@ -284,12 +321,19 @@ def log_decision(params: Params, paths: Paths, decision: Decision, *, parent_run
 
     if not params.tracking.enabled:
         return None
-    tags = {"stage": "gate", f"{DECISION_TAG}.decision": "promoted" if decision.promoted else "kept",
+    tracking.configure(params, paths)
+    marker = record_marker(params.tracking.registered_model, record) if record else None
+    if marker is not None:
+        client = mlflow.MlflowClient()
+        experiment = client.get_experiment_by_name(params.tracking.experiment)
+        done = logged_run(client, experiment.experiment_id, marker) if experiment is not None else None
+        if done is not None:
+            return done
+    tags = {"stage": "gate", **({RECORD_RUN_TAG: marker} if marker else {}), f"{DECISION_TAG}.decision": "promoted" if decision.promoted else "kept",
             f"{DECISION_TAG}.baseline": decision.baseline,
             f"{DECISION_TAG}.reason": decision.reason[:4900], f"{DECISION_TAG}.metric": decision.metric,
             f"{DECISION_TAG}.challenger": str(decision.challenger), f"{DECISION_TAG}.champion": str(decision.champion),
             f"{DECISION_TAG}.gate_set": decision.gate[:4900], f"{DECISION_TAG}.rule": decision.rule[:4900]}
-    tracking.configure(params, paths)
     with mlflow.start_run(run_name="champion-gate", nested=parent_run_id is not None, parent_run_id=parent_run_id,
                           tags=tags) as run:
         metrics = {}

@@ -4,22 +4,28 @@ A decision is committed in four steps (:func:`commit`, then the caller's MLflow 
 
 1. **record**: the registered-model tag ``pgrank.decision.NNNNNN`` (one JSON value, written in one call) holds the
    decision: the challenger, the champion it was compared with, the figures, the gate set, the error-budget
-   level spent and the budget left. The record is the commit point.
+   level spent and the budget left. The record is the commit point. Its number is never reused: it is one more than
+   both the last record and the counter ``pgrank.decision.next`` (which only grows, so a record deleted by hand
+   frees no number), and an existing record is never overwritten.
 2. **move**: only for a promotion, and only if the alias still points at the champion the challenger was compared
-   with (compare-and-set, under :func:`gate_lock`); otherwise the record is rewritten as ``stale`` and nothing moves.
+   with (compare-and-set under the gate lease); otherwise the record is rewritten as ``stale`` and nothing moves.
 3. **tag**: the challenger's version gets the ``pgrank.gate`` tag with the verdict.
-4. **log**: the ``champion-gate`` MLflow run; its id goes to ``pgrank.decision.NNNNNN.run``.
+4. **log**: the ``champion-gate`` MLflow run, tagged with its record's key from its first write; its id goes to
+   ``pgrank.decision.NNNNNN.run``.
 
 A kill between any two steps leaves a record and an alias that agree once :func:`reconcile` has run, which every
 gate does first: a promotion recorded but not applied (its run not logged yet: the commit stopped) is applied, its
-compare-and-set still holding under the lock; a missing tag
-is set and a missing run is logged from the record. An alias that matches neither side of the last record was
-moved outside pgrank: that is a :class:`~pgrank.errors.PgrankError` naming the alias and the record, and nothing
-changes. ``tests/pipeline/test_decisions.py`` kills the procedure between every pair of steps.
+compare-and-set still holding under the lease; a missing tag is set, and a missing run is logged from the record,
+unless a finished run of that record exists already (a kill after the run and before step 4's tag): then that run
+is the one, and an unfinished one is deleted first, so no decision run is ever logged twice. An alias that matches
+neither side of the last record was moved outside pgrank: that is a :class:`~pgrank.errors.PgrankError` naming the
+alias and the record, and nothing changes. ``tests/pipeline/test_gate_server.py`` kills a gate process with SIGKILL
+at every step on a real tracking server.
 
 MLflow has no compare-and-set of an alias, so the single writer is what makes the read-compare-move atomic:
-:func:`gate_lock`, a file lock beside the registry's store (runs outside Prefect), and the ``pgrank-gate`` Prefect
-concurrency limit of one slot (``flows/retraining.py``).
+:func:`gate_lock`, a lease held in the registry itself (:mod:`pgrank.pipeline.lease`: an owner, an expiry, a
+heartbeat), checked before every write (``guard``), whatever the store: a tracking server, sqlite or a database; and
+the ``pgrank-gate`` Prefect concurrency limit of one slot (``flows/retraining.py``).
 
 Decisions per gate set are counted from the records (:func:`decisions_on`), which is what ``champion.refresh_after``
 reads.
@@ -27,24 +33,23 @@ reads.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
-from dataclasses import dataclass, fields
-from pathlib import Path
 from collections.abc import Callable
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Literal
 
 from pgrank.errors import PgrankError
 from pgrank.pipeline.champion import DECISION_TAG, Decision, Row, champion
+from pgrank.pipeline.lease import Lease
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
 
-    from pgrank.paths import Paths
-
 RECORD_PREFIX = "pgrank.decision."  # registered-model tags pgrank.decision.000001, ... (and .run once logged)
 _RECORD_KEY = re.compile(r"^pgrank\.decision\.(\d{6})$")
+COUNTER = "pgrank.decision.next"  # the next record number: it only grows, so no number is ever used twice
+Guard = Callable[[], None]  # raises unless this gate may still write (Lease.check)
 Outcome = Literal["promote", "keep", "stale"]
 
 
@@ -112,17 +117,15 @@ def decisions_on(client: MlflowClient, name: str, gate_set: str) -> int:
     return sum(r.gate_set == gate_set for r in records(client, name))
 
 
-def gate_lock(tracking_uri: str, paths: Paths | None, name: str):
-    """The single-writer lock of the gate of registered model ``name`` (a context manager that waits its turn).
+def gate_lock(client: MlflowClient, name: str, *, ttl: float = 600.0, wait: float = 0.0) -> Lease:
+    """The single-writer lease of the gate of registered model ``name``, held in the registry itself (a context
+    manager; :mod:`pgrank.pipeline.lease`): ``ttl`` seconds without a renewal before it lapses, ``wait`` seconds to
+    wait for another gate's before refusing with one line that names it and its expiry."""
+    return Lease(client, name, ttl=ttl, wait=wait)
 
-    Beside the sqlite store for a ``sqlite:///`` registry, so that every workspace sharing the registry shares
-    the lock (``paths`` may be ``None``); under ``paths.root`` otherwise (one machine's runs).
-    """
-    from pgrank.atomic import exclusive
 
-    slug = hashlib.blake2b(f"{tracking_uri}|{name}".encode(), digest_size=8).hexdigest()
-    folder = Path(tracking_uri.removeprefix("sqlite:///")).parent if tracking_uri.startswith("sqlite:///") else paths.root
-    return exclusive(folder / f".pgrank-gate-{slug}.lock", what=f"the champion gate of {name}", wait=True)
+def _none() -> None:
+    return None
 
 
 def _verdict(decision: Decision, outcome: Outcome) -> str:
@@ -139,20 +142,35 @@ def _agrees(record: Record, alias_at: str | None) -> bool:
     return alias_at != record.challenger  # stale: the move did not happen
 
 
+def next_number(client: MlflowClient, name: str) -> int:
+    """The number of the next record: one more than the last record and at least the counter (never reused)."""
+    tags = _tags(client, name)
+    numbers = [int(m.group(1)) for m in map(_RECORD_KEY.match, tags) if m]
+    return max(max(numbers, default=0) + 1, int(tags.get(COUNTER, "1")))
+
+
 def commit(client: MlflowClient, name: str, alias: str, decision: Decision, *, gate_set: str = "",
-           level: float | None = None, budget: dict | None = None) -> Record:
+           level: float | None = None, budget: dict | None = None, guard: Guard = _none) -> Record:
     """Record a decision, then move the alias if it promotes and the champion is still the one compared with,
-    then tag the challenger's version (steps 1 to 3 of the module docstring). Call under :func:`gate_lock`,
-    after :func:`reconcile`.
+    then tag the challenger's version (steps 1 to 3 of the module docstring). Call under :func:`gate_lock`
+    (``guard``: its check, run before every write), after :func:`reconcile`.
 
     Returns:
         The record as committed (``stale`` when the alias had moved since the comparison).
+
+    Raises:
+        PgrankError: the record's number is taken (another writer: nothing is overwritten).
     """
-    last = records(client, name)
-    number = last[-1].number + 1 if last else 1
+    number = next_number(client, name)
     record = Record(number, "promote" if decision.promoted else "keep", decision.as_dict(), gate_set, level, budget)
+    guard()
+    if record.key in _tags(client, name):
+        raise PgrankError(f"registry {name}: decision record {record.key} exists already; another gate wrote it "
+                          "without the gate lease. Nothing was overwritten; run the gate again")
     client.set_registered_model_tag(name, record.key, record.to_json())
+    client.set_registered_model_tag(name, COUNTER, str(number + 1))
     if decision.promoted:
+        guard()
         now = champion(client, name, alias)
         if now != decision.champion:  # compare-and-set: someone moved the alias since the comparison
             said = (f"not applied: the alias moved from version {decision.champion} to version {now} after the "
@@ -162,6 +180,7 @@ def commit(client: MlflowClient, name: str, alias: str, decision: Decision, *, g
             client.set_registered_model_tag(name, record.key, record.to_json())
         else:
             client.set_registered_model_alias(name, alias, decision.challenger)
+    guard()
     client.set_model_version_tag(name, decision.challenger, DECISION_TAG,
                                  _verdict(record.as_decision(), record.outcome)[:4900])
     return record
@@ -172,7 +191,7 @@ def mark_logged(client: MlflowClient, name: str, record: Record, run_id: str | N
     client.set_registered_model_tag(name, f"{record.key}.run", run_id or "-")
 
 
-def reconcile(client: MlflowClient, name: str, alias: str) -> list[Record]:
+def reconcile(client: MlflowClient, name: str, alias: str, guard: Guard = _none) -> list[Record]:
     """Make the alias and the version tag agree with the last record (see the module docstring).
 
     Returns:
@@ -189,6 +208,7 @@ def reconcile(client: MlflowClient, name: str, alias: str) -> list[Record]:
     now = champion(client, name, alias)
     if not _agrees(last, now):
         if last.outcome == "promote" and now == last.champion and last.run_id is None:
+            guard()
             client.set_registered_model_alias(name, alias, last.challenger)  # recorded, not yet moved: the CAS holds
         else:
             said = {"promote": f"promoted version {last.challenger} over version {last.champion}",
@@ -202,24 +222,31 @@ def reconcile(client: MlflowClient, name: str, alias: str) -> list[Record]:
         decision = last.as_decision()
         verdict = _verdict(decision, last.outcome)[:4900]
         if client.get_model_version(name, last.challenger).tags.get(DECISION_TAG) != verdict:
+            guard()
             client.set_model_version_tag(name, last.challenger, DECISION_TAG, verdict)
     return [r for r in found if r.run_id is None]
 
 
-Log = Callable[[Decision], "str | None"]  # logs a decision's MLflow run, returns its id (None: tracking logs none)
+# Logs a decision's MLflow run tagged with its record's key (or finds the finished run of that record), returns its
+# id (None: tracking logs none).
+Log = Callable[[Decision, "str | None"], "str | None"]
 
 
 def settle(client: MlflowClient, name: str, alias: str, decision: Decision, log: Log, *, gate_set: str = "",
-           level: float | None = None, budget: dict | None = None) -> Record:
+           level: float | None = None, budget: dict | None = None, guard: Guard = _none) -> Record:
     """All four steps of a decision: :func:`commit`, ``log`` (the MLflow run) and :func:`mark_logged`."""
-    record = commit(client, name, alias, decision, gate_set=gate_set, level=level, budget=budget)
-    mark_logged(client, name, record, log(record.as_decision()))
+    record = commit(client, name, alias, decision, gate_set=gate_set, level=level, budget=budget, guard=guard)
+    run_id = log(record.as_decision(), record.key)
+    guard()
+    mark_logged(client, name, record, run_id)
     return record
 
 
-def recover(client: MlflowClient, name: str, alias: str, log: Log) -> list[Record]:
+def recover(client: MlflowClient, name: str, alias: str, log: Log, guard: Guard = _none) -> list[Record]:
     """:func:`reconcile`, then the runs a kill left unlogged; returns the records it completed."""
-    pending = reconcile(client, name, alias)
+    pending = reconcile(client, name, alias, guard)
     for record in pending:
-        mark_logged(client, name, record, log(record.as_decision()))
+        run_id = log(record.as_decision(), record.key)
+        guard()
+        mark_logged(client, name, record, run_id)
     return pending

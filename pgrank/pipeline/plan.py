@@ -19,7 +19,8 @@ Dataset sizes come from the data on disk when it is downloaded, else from BEIR's
 ``--calibrate`` measures each model on the machine at hand (inference and, for warm starts, forward+backward, at
 texts of 32 to 512 tokens, CUDA-synchronised); without it the paper's models are priced from the rates
 ``bench/gpu.py`` measured on a GPU (``measured_rates.yaml``). Either way each stage's texts are as long as its
-dataset's mean length, and the output says which rates it used.
+dataset's mean length, and the output says which rates it used; one more line says when the table's rates were
+measured before the data path this code runs (:func:`pgrank.pipeline.rates.stale_note`).
 
 The paper's "# rankings sampled per epoch: 5000" is ambiguous (PAPER.md): read as samples per query
 with every training query each epoch (``train.queries_per_epoch: null``), ``tower: both`` encodes
@@ -40,7 +41,8 @@ from pgrank.config import Params
 from pgrank.download.catalogue import BEIR_SIZES
 from pgrank.errors import PgrankError
 from pgrank.paths import CARVED_FILES, CARVED_TRAIN, GATE, VALIDATION, Paths, carved_splits, policy_name, run_key
-from pgrank.pipeline.rates import ModelRates, mean_words, measure_rates, table_device, table_rates, tokens_of
+from pgrank.pipeline.rates import (ModelRates, mean_words, measure_rates, stale_note, table_device, table_rates,
+                                   tokens_of)
 
 # What a model is, for artifact sizes without loading it: embedding dimension, parameters.
 MODEL_FACTS: dict[str, tuple[int, int]] = {
@@ -83,6 +85,7 @@ class Plan:
     rates: dict[str, ModelRates | str] = field(default_factory=dict)  # model -> its rates, or why it has none
     device: str | None = None
     pricing: str = ""  # which rates priced the hours
+    stale: str = ""  # one line when those rates predate the data path this code runs (rates.stale_note)
     words: dict[str, tuple[float, float]] = field(default_factory=dict)  # dataset -> (query, document) mean words
 
 
@@ -295,6 +298,7 @@ def price_from_table(params: Params, plan: Plan) -> Plan:
     plan.pricing = (f"hours from throughput measured on an {device} (`python bench/gpu.py`, pgrank/pipeline/"
                     f"measured_rates.yaml){'' if here == device else ', not on this machine'}; models without "
                     "measured rates are not priced: `pgrank plan --calibrate` measures every model here")
+    plan.stale = stale_note(device, plan.rates) or ""
     return price(plan) if plan.rates else plan
 
 
@@ -313,7 +317,7 @@ def calibrate(params: Params, paths: Paths, plan: Plan, *, device: str | None = 
     import torch
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    plan = replace(plan, rates={}, device=device)
+    plan = replace(plan, rates={}, device=device, stale="")
     for name in _encoders(plan):
         try:
             plan.rates[name] = measure_rates(params, paths, name, device, seconds, train=name in params.train.warm_starts)
@@ -374,6 +378,8 @@ def render(plan: Plan) -> str:
                                           for d, s in plan.sizes.items())]
     if plan.pricing:
         out.append(plan.pricing)
+    if plan.stale:
+        out.append(plan.stale)
     for model, r in plan.rates.items():
         if isinstance(r, str):
             out.append(f"- {model}: not priced ({r})")

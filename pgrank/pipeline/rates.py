@@ -9,6 +9,10 @@ come from one of two places, and the plan says which:
 * **measured elsewhere**: ``measured_rates.yaml`` beside this module, the figures of ``python bench/gpu.py`` by GPU
   and architecture. On a GPU the table has, its own figures; otherwise the table's GPU, named in the output.
 
+Each GPU of the table records the data path its rates were measured on (``data_path``, one of :data:`DATA_PATHS`).
+A rate measured on another path than the one this code runs (:data:`DATA_PATH`), or with none recorded, predates the
+code it prices, and the plan says so (:func:`stale_note`).
+
 Each stage's texts are as long as its corpus's and queries' mean length in tokens: words counted on a sample of the
 corpus when it is on disk, else BEIR's published averages (:data:`BEIR_WORDS`), times :data:`TOKENS_PER_WORD`, cut at
 the stage's truncation length.
@@ -41,6 +45,14 @@ BEIR_WORDS: dict[str, tuple[float, float]] = {
     "webis-touche2020": (6.55, 292.37), "quora": (9.53, 11.44), "dbpedia-entity": (5.39, 49.68),
     "scidocs": (9.38, 176.19), "fever": (8.13, 84.76), "climate-fever": (20.13, 84.76), "scifact": (12.37, 213.63),
 }
+# How a stage reads its texts, which changes what a second of GPU buys: the data path a rate was measured on.
+DATA_PATHS = {
+    "padded": "texts tokenized inside the timed loops, training in chunks of a fixed number of documents padded to "
+              "their longest",
+    "packed": "token ids read from pre-tokenized stores, in length-sorted chunks cut by a token budget "
+              "(train.chunk_tokens) and packed without padding where the model allows",
+}
+DATA_PATH = "packed"  # the data path this code runs, and so the one a plan prices
 UNKNOWN_WORDS = (10.0, 100.0)  # a dataset of your own, not on disk yet
 SAMPLE = 2000  # corpus documents whose words are counted
 
@@ -52,6 +64,7 @@ class ModelRates:
     inference: dict[int, float] = field(default_factory=dict)
     grad: dict[int, float] = field(default_factory=dict)
     step: tuple[int, float] | None = None  # (tokens, seconds per candidate document of a whole tower:both step)
+    data_path: str | None = None  # the data path they were measured on (DATA_PATHS; None: not recorded)
 
     def inference_at(self, tokens: float) -> float | None:
         return interpolate(self.inference, tokens)
@@ -140,13 +153,29 @@ def table_rates(hub_id: str, device: str) -> ModelRates | None:
     """The measured rates of ``hub_id``'s architecture on ``device`` (a GPU of :data:`TABLE`), or ``None``."""
     table = _table()
     arch = table["architectures"].get(hub_id)
-    rates = table["devices"].get(device, {}).get(arch)
+    entry = table["devices"].get(device, {})
+    rates = entry.get(arch)
     if rates is None:
         return None
     step = rates.get("step")
     return ModelRates({int(k): float(v) for k, v in rates.get("inference", {}).items()},
                       {int(k): float(v) for k, v in rates.get("grad", {}).items()},
-                      (int(step["tokens"]), float(step["seconds_per_document"])) if step else None)
+                      (int(step["tokens"]), float(step["seconds_per_document"])) if step else None,
+                      entry.get("data_path"))
+
+
+def stale_note(device: str, rates: dict[str, ModelRates]) -> str | None:
+    """One line when any of ``rates`` (measured on ``device``) predates the data path this code runs
+    (:data:`DATA_PATH`): measured on another path, or with none recorded; else ``None``."""
+    older = sorted({r.data_path or "" for r in rates.values() if r.data_path != DATA_PATH})
+    if not older:
+        return None
+    how = "; ".join(f"on the {path} path, {DATA_PATHS[path]}" if path in DATA_PATHS else
+                    (f"on a path this code does not know ({path!r})" if path else "with no data path recorded")
+                    for path in older)
+    return (f"stale rates: priced from rates measured before the {DATA_PATH} data path this code runs. The {device}'s "
+            f"were measured {how}. `python bench/gpu.py` on that GPU measures them again; `pgrank plan --calibrate` "
+            "measures this machine.")
 
 
 GRID = (32, 64, 128, 256, 512)  # tokens per text at which calibration measures

@@ -6,7 +6,8 @@ The Prefect flow (``flows/retraining.py``) only calls these and reports; both ar
   (:func:`pgrank.pipeline.gate.holdout_override`), so gate queries stay the gate split, never trained on
   nor used for selection; with ``start_from="champion"`` the current champion, fetched from the
   registry, as the warm start (continual training).
-* :func:`gate_workspace`, after it, one gate at a time (:func:`pgrank.pipeline.decisions.gate_lock`) and after
+* :func:`gate_workspace`, after it, one gate at a time (:func:`pgrank.pipeline.decisions.gate_lock`, a lease held in
+  the registry itself, whatever the store) and after
   reconciling the registry with its last decision record: the challengers are the versions this pipeline run
   registered and nobody judged yet (or, with no champion yet, the newest version if it was never gated, e.g. one
   ``pgrank repro`` registered). The gate set is frozen on the first gated run and refreshed when due
@@ -137,9 +138,11 @@ def challengers(client: MlflowClient, name: str, current: str | None, retrained:
 def gate_workspace(ws: Path, parent_run_id: str | None) -> Decision:
     """Gate the versions a pipeline run registered against the champion (see the module docstring).
 
-    One gate at a time (:func:`pgrank.pipeline.decisions.gate_lock`): the registry is reconciled first (a decision a
-    kill interrupted is completed), the champion is read, and the decision is recorded before the alias moves
-    (:func:`pgrank.pipeline.decisions.settle`).
+    One gate at a time (:func:`pgrank.pipeline.decisions.gate_lock`: a lease in the registry, ``champion.lease``
+    seconds without a renewal, ``champion.lease_wait`` seconds of waiting for another gate's before refusing): the
+    registry is reconciled first (a decision a kill interrupted is completed), the champion is read, and the
+    decision is recorded before the alias moves (:func:`pgrank.pipeline.decisions.settle`), the lease checked
+    before every write.
 
     Args:
         ws: the run's DVC workspace (its ``params.yaml`` is the composed configuration).
@@ -156,15 +159,16 @@ def gate_workspace(ws: Path, parent_run_id: str | None) -> Decision:
     client, paths = registry(params, ws)
     name, alias = params.tracking.registered_model, params.tracking.champion_alias
 
-    def log_run(decision: Decision, per_query: dict | None = None) -> str | None:
-        return log_decision(params, paths, decision, parent_run_id=parent_run_id, per_query=per_query)
+    def log_run(decision: Decision, record: str | None = None, per_query: dict | None = None) -> str | None:
+        return log_decision(params, paths, decision, parent_run_id=parent_run_id, per_query=per_query, record=record)
 
-    with decisions.gate_lock(client.tracking_uri, paths, name):
-        decisions.recover(client, name, alias, log_run)
-        return _gate(params, paths, client, parent_run_id, log_run)
+    with decisions.gate_lock(client, name, ttl=cfg.lease, wait=cfg.lease_wait) as lease:
+        decisions.recover(client, name, alias, log_run, lease.check)
+        return _gate(params, paths, client, parent_run_id, log_run, lease.check)
 
 
-def _gate(params: Params, paths: Paths, client: MlflowClient, parent_run_id: str | None, log_run) -> Decision:
+def _gate(params: Params, paths: Paths, client: MlflowClient, parent_run_id: str | None, log_run,
+          guard: decisions.Guard) -> Decision:
     """The gate itself, under the lock and after the reconciliation (:func:`gate_workspace`)."""
     cfg = params.champion
     name, alias = params.tracking.registered_model, params.tracking.champion_alias
@@ -177,6 +181,7 @@ def _gate(params: Params, paths: Paths, client: MlflowClient, parent_run_id: str
         log_run(decision)
         return decision
     if cfg.gate_set == "frozen":
+        guard()  # the freeze writes to the registry
         gate_set = gate.frozen_gate_set(client, params, paths) or gate.freeze_gate_set(client, params, paths, parent_run_id)
         on_set = [r for r in decisions.records(client, name) if r.gate_set == gate.frozen_run(client, params)]
         gate_set, _ = refresh.refreshed(client, params, paths, gate_set, on_set, parent_run_id)
@@ -191,7 +196,7 @@ def _gate(params: Params, paths: Paths, client: MlflowClient, parent_run_id: str
     if refused:
         decision = Decision(False, refused, cfg.metric, challenger=chosen, champion=current,
                             gate=gate_set.description, selection=selection)
-        decisions.settle(client, name, alias, decision, log_run, gate_set=gate_id)
+        decisions.settle(client, name, alias, decision, log_run, gate_set=gate_id, guard=guard)
         return decision
     model = gate.fetch_version(client, paths, name, chosen)
     per_query = {f"v{chosen}": gate.evaluate_system(params, paths, gate_set, model.system)}
@@ -207,8 +212,9 @@ def _gate(params: Params, paths: Paths, client: MlflowClient, parent_run_id: str
     decision = decide(per_query[f"v{chosen}"], baseline_values, cfg, challenger=chosen, champion=current,
                       metrics=metrics, gate=gate_set.description, baseline=baseline, selection=selection,
                       level=level, budget=budget_words(budget, level))
-    record = decisions.settle(client, name, alias, decision, lambda d: log_run(d, per_query), gate_set=gate_id,
-                              level=level, budget=budget_after(params, budget, level, decision.promoted))
+    record = decisions.settle(client, name, alias, decision, lambda d, key: log_run(d, key, per_query),
+                              gate_set=gate_id, level=level, guard=guard,
+                              budget=budget_after(params, budget, level, decision.promoted))
     return record.as_decision()
 
 

@@ -1,16 +1,18 @@
 """What a finished epoch leaves on disk in ``pgrank train``: the kept and the selected checkpoints
-(``train.keep_epochs``, ``train.selection``), the per-step curve and the epoch's wall time. Every file is
-written atomically (:mod:`pgrank.atomic`), and only by the main process of a data-parallel run."""
+(``train.keep_epochs``, ``train.selection``), the per-step curve, the validation history and the epoch's wall time.
+Every file is written atomically (:mod:`pgrank.atomic`), and only by the main process of a data-parallel run."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 from pathlib import Path
 
 import torch
 
 from pgrank.atomic import write_json, write_text
-from pgrank.core.history import alpha, place
+from pgrank.core.history import alpha, in_domain_key, place
 from pgrank.training import checkpoints, selection
 from pgrank.training.run import Run
 
@@ -78,3 +80,26 @@ def write_curve(path: Path, points: list[dict]) -> None:
     rows = "".join(f"{p['step']},{p['epoch']},{p['loss']:.8g},{p['utility']:.8g},{p['grad_norm']:.8g},{p['entropy']:.8g}\n"
                    for p in points)
     write_text(path, header + rows)
+
+
+def write_validation(path: Path, history: list[dict]) -> None:
+    """Write ``validation.csv`` atomically: DVC's plot of the validation history, one row per epoch as trained
+    (``epoch``, ``val_ndcg@10`` in domain, then ``val_<set>_ndcg@10`` of each out-of-domain set).
+
+    ``history.json`` keeps every row, the warm-start mixtures and the per-query figures included; its rows differ in
+    their keys (a mixture has an ``alpha``, an epoch as trained none), and DVC plots no file whose rows do, so the plot
+    reads this file, whose rows all have the same columns.
+    """
+    rows = [row for row in history if alpha(row) == 1.0]
+    sets = [key for key in dict.fromkeys(k for row in rows for k in row)
+            if key.startswith("val_") and key != in_domain_key()]
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["epoch", in_domain_key(), *sets])
+    for row in rows:
+        writer.writerow([row["epoch"], *(_figure(row.get(key)) for key in (in_domain_key(), *sets))])
+    write_text(path, out.getvalue())
+
+
+def _figure(value) -> str:
+    return "" if value is None else f"{value:.8g}"

@@ -126,10 +126,11 @@ def step_tokens(params: Params, paths, store, corpus, policy, *, reference=None,
                 progress: bool = False) -> StepTokens:
     """The token stores of a training split (``store``, its candidate store) over ``corpus`` for ``policy``'s
     tokenizer, built on first use; packing is switched on for the models that encode documents in chunks (the
-    policy, and the KL ``reference``) when their architecture packs. ``validation``: ``{name: corpus store}`` of
+    policy, and the KL ``reference``) when their architecture packs, their layers compiled under
+    ``train.compile_layers``. ``validation``: ``{name: corpus store}`` of
     the out-of-domain sets, whose documents ``tower: both`` encodes too."""
     from pgrank.data.token_store import corpus_tokens
-    from pgrank.models.packing import enable_packing_for
+    from pgrank.models.packing import compile_layers, enable_packing_for
 
     cfg = params.train
     queries = query_tokens(policy, paths, store, max_length=cfg.max_query_length)
@@ -139,8 +140,8 @@ def step_tokens(params: Params, paths, store, corpus, policy, *, reference=None,
         documents = corpus_tokens(policy, paths, corpus, task="document", max_length=cfg.max_doc_length,
                                   progress=progress)
         for model in (policy, reference):
-            if model is not None:
-                enable_packing_for(model, documents)
+            if model is not None and enable_packing_for(model, documents):
+                compile_layers(model, cfg.compile_layers)
         others = {name: corpus_tokens(policy, paths, other, task="document", max_length=cfg.max_doc_length)
                   for name, other in (validation or {}).items()}
     if cfg.document_anchor.coef:
@@ -155,7 +156,7 @@ def scratch_tokens(params: Params, model, corpus, queries: list[str], folder) ->
     from pathlib import Path
 
     from pgrank.data.token_store import build_token_store, corpus_blocks
-    from pgrank.models.packing import enable_packing_for
+    from pgrank.models.packing import compile_layers, enable_packing_for
 
     cfg, folder = params.train, Path(folder)
     source = {"name": "scratch", "sha256": getattr(corpus, "sha256", "-")}
@@ -166,5 +167,6 @@ def scratch_tokens(params: Params, model, corpus, queries: list[str], folder) ->
                                max_length=cfg.max_doc_length, source=source) if cfg.document_anchor.coef else None
     asked = build_token_store(model, lambda lo, hi: queries[lo:hi], len(queries), folder / "queries", task="query",
                               max_length=cfg.max_query_length, source={"name": "queries", "sha256": "-"})
-    enable_packing_for(model, documents)
+    if enable_packing_for(model, documents):
+        compile_layers(model, cfg.compile_layers)
     return StepTokens(asked, documents, anchor)

@@ -51,11 +51,12 @@ from pgrank.paths import Paths, run_key
 from pgrank.training import checkpoints, distributed, selection
 from pgrank.training.weight_space import Anchor
 from pgrank.training.batches import epoch_order
-from pgrank.training.epoch_records import keep_epoch, record_time, write_curve
+from pgrank.training.epoch_records import keep_epoch, record_time, write_curve, write_validation
 from pgrank.training.grad_cache import encode
 from pgrank.training.run import Run, open_data
 from pgrank.training.step import TrainingError, accumulate_gradients, adamw, clip_gradients
 from pgrank.training.step_inputs import Prefetcher, open_tokens, prepare_step
+from pgrank.models.packing import packing_off
 from pgrank.training.validation_ndcg import averages, validate_queries
 from pgrank.training.warm_start import load_models
 
@@ -299,6 +300,10 @@ def finish(run: Run, tracker) -> TrainResult:
         chosen = selection.summary(state.history, cfg.validation_sets, cfg.selection)
         log.info("selected epoch %s by rule %s: %s", chosen["epoch"], cfg.selection.rule,
                  ", ".join(f"{k}={v:+.4f}" if k.endswith("gain") else f"{k}={v}" for k, v in chosen.items()))
+        held = selection.held_back_by(state.history, cfg.validation_sets, cfg.selection)
+        if held:
+            log.info("the out-of-domain guard (%s) rejects the best in-domain point on %s", cfg.selection.guard,
+                     ", ".join(held))
         if chosen.get("accepted") == 0:
             log.info("no epoch or mixture passes the out-of-domain guard (%s) on %s: the policy is the warm start",
                      cfg.selection.guard, ", ".join(cfg.validation_sets))
@@ -309,13 +314,15 @@ def finish(run: Run, tracker) -> TrainResult:
             mlflow.set_tags({"pgrank.selection.rule": cfg.selection.rule, "pgrank.selection.epoch": chosen["epoch"],
                              "pgrank.selection.alpha": chosen["alpha"],
                              **({"pgrank.selection.guard": chosen["guard"],
-                                 "pgrank.selection.warm_start_fallback": chosen["accepted"] == 0}
+                                 "pgrank.selection.warm_start_fallback": chosen["accepted"] == 0,
+                                 "pgrank.selection.held_back_by": ", ".join(held)}
                                 if "guard" in chosen else {})})
     version = None
     if run.world.is_main:
         log_dir = paths.training_log(run.warm_start, run.name)
         write_curve(log_dir / "curve.csv", state.curve)  # also when resumed at the end
         write_json(log_dir / "history.json", state.history)
+        write_validation(log_dir / "validation.csv", state.history)  # the history as DVC plots it
         if tracker is not None:
             tracking.log_artifact(tracker, str(log_dir / "history.json"))
             with tempfile.TemporaryDirectory(prefix=".provenance-", dir=log_dir) as tmp:
@@ -368,6 +375,8 @@ def train(params: Params, paths: Paths, warm_start: str, *, objective: str = "pg
                             tags={"stage": "train", "warm_start": warm_start, "objective": run.objective, "run": name,
                                   "seed": str(cfg.seed), **resumed},
                             enabled=run.world.is_main and params.tracking.enabled, resources=True) as tracker:
+        if packing_off(run.models.policy):  # the probe switched packing off (pgrank.models.packing logs why, once)
+            tracking.log_metrics(tracker, {"packing_off": 1.0}, step=0)
         if state.epoch == 0 and not state.history:
             metrics = validated(run)
             state.history.append({"epoch": 0, **metrics})

@@ -1,8 +1,9 @@
-"""The champion gate's keys: the error budget, non-inferiority and the gate set's refresh.
+"""The champion gate's keys: the test, the error budget, non-inferiority and the gate set's refresh.
 
-A budget outside (0, 1), a budget beside a fixed ``alpha``, a margin below 0 or beside a nonzero ``min_gain``, an
-unknown budget rule and a refresh after 0 decisions are errors naming the key; through the CLI, one
-``pgrank: error:`` line and no traceback.
+A budget outside (0, 1), a budget beside a fixed ``alpha``, a margin below 0, of 1 or more, or beside a nonzero
+``min_gain``, an unknown budget rule, e-LOND without the betting test's e-values, a rank test (its null is
+symmetry, not a mean: with or without a margin) and a refresh after 0 decisions are errors naming the key; through
+the CLI, one ``pgrank: error:`` line and no traceback.
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ ROOT = Path(__file__).resolve().parents[2]
 PARAMS = ROOT / "params.yaml"
 
 
-def test_params_yaml_gates_under_a_yearly_error_budget_with_the_signed_rank_test_and_superiority():
+def test_params_yaml_gates_under_a_yearly_elond_budget_with_the_betting_test_and_superiority():
     cfg = load_params(PARAMS).champion
-    assert (cfg.alpha, cfg.budget, cfg.horizon, cfg.budget_rule) == (None, 0.05, 52, "fallback")
-    assert (cfg.test, cfg.margin, cfg.min_gain, cfg.refresh_after) == ("wilcoxon", None, 0.0, None)
+    assert (cfg.alpha, cfg.budget, cfg.horizon, cfg.budget_rule) == (None, 0.05, 52, "elond")
+    assert (cfg.test, cfg.margin, cfg.min_gain, cfg.refresh_after) == ("betting", None, 0.0, None)
+    assert ChampionConfig().test == "betting"
 
 
 def test_one_level_for_every_decision_is_the_alternative_to_a_budget():
@@ -35,7 +37,7 @@ def test_one_level_for_every_decision_is_the_alternative_to_a_budget():
 
 def test_a_budget_with_alpha_null_a_margin_and_a_refresh_are_read():
     cfg = load_params(PARAMS, ["champion.alpha=null", "champion.budget=0.05", "champion.horizon=26",
-                               "champion.budget_rule=fallback", "champion.margin=0.005",
+                               "champion.budget_rule=fallback", "champion.margin=0.005", "champion.test=student",
                                "champion.refresh_after=12"]).champion
     assert (cfg.alpha, cfg.budget, cfg.horizon, cfg.budget_rule) == (None, 0.05, 26, "fallback")
     assert (cfg.margin, cfg.min_gain, cfg.refresh_after) == (0.005, 0.0, 12)
@@ -47,7 +49,12 @@ def test_a_budget_with_alpha_null_a_margin_and_a_refresh_are_read():
     (["champion.alpha=0.05"], "champion.budget", "champion.alpha must be null"),
     (["champion.margin=-0.01"], "champion.margin", "greater than or equal to 0"),
     (["champion.min_gain=0.01", "champion.margin=0.01"], "champion.margin", "champion.min_gain must be 0"),
-    (["champion.budget_rule=lord"], "champion.budget_rule", "'spending' or 'fallback'"),
+    (["champion.budget_rule=lord"], "champion.budget_rule", "'spending', 'fallback' or 'elond'"),
+    (["champion.test=student"], "champion.budget_rule", "elond combines e-values"),
+    (["champion.test=wilcoxon", "champion.budget_rule=fallback"], "champion.test", "not a mean gain of 0"),
+    (["champion.test=fisher", "champion.budget_rule=spending", "champion.margin=0.01"], "champion.test",
+     "nor a margin on it"),
+    (["champion.margin=1.0"], "champion.margin", "below 1"),
     (["champion.refresh_after=0"], "champion.refresh_after", "greater than 0"),
     (["champion.horizon=0"], "champion.horizon", "greater than 0"),
 ])

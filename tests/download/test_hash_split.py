@@ -139,8 +139,8 @@ def test_a_mirror_zip_comes_from_the_mirror_checked_by_its_sha256sums(tmp_path, 
     paths = Paths.from_config(params.paths, base=tmp_path)
 
     monkeypatch.delenv("PGRANK_BEIR_MIRROR", raising=False)
-    with pytest.raises(DataError, match=r"data.sources.subset.mirror 'subset.zip': not on BEIR's server; set "
-                                        r"\$PGRANK_BEIR_MIRROR"):
+    with pytest.raises(DataError, match=r"data.sources.subset.mirror 'subset.zip': not on BEIR's server, and pgrank "
+                                        r"ships no subset.zip; set \$PGRANK_BEIR_MIRROR"):
         download(params, paths, ["subset"], config_dir=tmp_path, progress=False)
 
     (mirror / "SHA256SUMS").write_text(f"{'0' * 64}  subset.zip\n")
@@ -158,5 +158,5 @@ def test_a_mirror_zip_comes_from_the_mirror_checked_by_its_sha256sums(tmp_path, 
     shutil.move(str(zip_path), str(tmp_path / "elsewhere.zip"))
     paths.dataset("subset").joinpath(".pgrank-download.json").unlink()
     shutil.rmtree(paths.dataset("subset"))
-    with pytest.raises(DataError, match="no such file .*subset.zip in the mirror"):
+    with pytest.raises(DataError, match=r"no such file .*subset.zip in the BEIR mirror named by \$PGRANK_BEIR_MIRROR"):
         download(params, paths, ["subset"], config_dir=tmp_path, progress=False)

@@ -81,6 +81,7 @@ def exported(project):
     proc = cli("export", "--to", "out/policy", cwd=tmp)
     assert proc.returncode == 0, proc.stderr
     assert ": epoch 1 of 1, the last; nDCG@10 of 2 evaluated sets and stages in the model card -> out/policy" in proc.stdout
+    assert f"configuration: {tmp / 'params.yaml'}; license: other" in proc.stdout  # the project's own run
     return tmp / "out" / "policy"
 
 
@@ -136,9 +137,10 @@ def test_the_model_card_holds_the_warm_start_the_objective_and_the_figures(proje
     meta = yaml.safe_load(front)
     assert meta["library_name"] == "sentence-transformers" and meta["pipeline_tag"] == "sentence-similarity"
     assert {"pgrank", "neural-pg-rank"} <= set(meta["tags"])
-    assert "base_model" not in meta and "license" not in meta  # a local warm start; no license was given
+    assert "base_model" not in meta  # a local warm start
+    assert meta["license"] == "other" and "no license in the warm start's model card on this machine" in body
     assert f"# pgrank-{warm}" in body and f"`{warm}`" in body
-    assert "Objective `pg`" in body and "| `train.pg.num_samples` | 8 |" in body and "| `train.epochs` | 1 |" in body
+    assert "(loss `pg`, run `pg`)" in body and "| `train.pg.num_samples` | 8 |" in body and "| `train.epochs` | 1 |" in body
     assert "`toy/train` (`data.train`): 18 training queries, 6 validation queries." in body
     assert "Candidate documents: 10 per query." in body
     for stage, label in (("rerank", "second stage (rerank)"), ("full", "first stage (full corpus)")):
@@ -152,7 +154,7 @@ def test_the_model_card_holds_the_warm_start_the_objective_and_the_figures(proje
     assert ("nDCG@10 from `pgrank evaluate` (queries encoded with the `torch` backend, documents with `torch`, "
             "document embeddings stored as float16); p:") in body and "can differ" not in body
     assert "Policy-Gradient Training of Language Models for Ranking" in body and "Joachims" in body
-    assert 'SentenceTransformer("policy")' in body and "encode_query" in body and "encode_document" in body
+    assert f'SentenceTransformer("{exported.resolve()}")' in body and "encode_query" in body and "encode_document" in body
     record = json.loads((exported / "pgrank.json").read_text())
     assert record["exported_as"] == f"pgrank-{warm}" and record["tower"] == "query" and record["epoch"] == 1
     assert record["checkpoint"].startswith("models/") and record["checkpoint"].endswith("/pg/epoch-1")  # as results name it
@@ -281,6 +283,12 @@ def test_the_card_of_the_demo_configuration_names_its_hub_warm_start_data_and_se
     assert (f"| `train.document_anchor.coef` | {train.document_anchor.coef} |" in body) == (train.document_anchor.coef > 0)
     assert "No results of `pgrank evaluate` for this checkpoint were found" in body
     assert 'SentenceTransformer("me/pgrank-minilm")' in body
+    assert meta["license"] == "apache-2.0" and "(the warm start's, from its model card)" in body  # the offline copy's
+    # the demo's objective, named for what it is: PG-Rank plus a KL term, a document anchor and a selection rule
+    assert ("PG-Rank (the policy gradient of Neural PG-Rank) plus a top-1 KL term to the warm start's first-place "
+            "distribution (`train.pg.kl_coef` 0.1), a document anchor to the warm start's document tower") in body
+    assert "a selection rule over epochs and weight mixtures with the warm start on validation splits" in body
+    assert "Objective: this is not plain PG-Rank." in body and "A Neural PG-Rank policy" not in body
 
 
 def test_an_upload_to_an_existing_repository_adds_a_commit_and_an_unreachable_hub_one_error(exported, monkeypatch):
@@ -305,3 +313,84 @@ def test_an_upload_to_an_existing_repository_adds_a_commit_and_an_unreachable_hu
     monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{port}")  # nothing listens there
     with pytest.raises(PgrankError, match=rf"--hub me/again: upload to http://127.0.0.1:{port} failed: "):
         upload(exported, "me/again")
+
+
+def test_the_cards_front_matter_parses_with_huggingface_hub_and_its_model_index_holds_the_evaluated_ndcg(project,
+                                                                                                       exported):
+    from huggingface_hub import ModelCard
+    from huggingface_hub.repocard_data import model_index_to_eval_results
+
+    params, paths, _ = project
+    system = f"pgrank-{params.train.warm_starts[0]}"
+    card = ModelCard.load(exported / "README.md")
+    assert card.data.license == "other" and card.data.library_name == "sentence-transformers"
+    name, results = model_index_to_eval_results(card.data.to_dict()["model-index"])
+    assert name == system
+    got = {(r.dataset_name, r.dataset_split, r.task_type): r.metric_value for r in results}
+    for stage, task in (("rerank", "reranking"), ("full", "information-retrieval")):
+        recorded = json.loads((paths.results(system, "toy", "validation", stage) / "metrics.json").read_text())
+        assert got[("toy (validation, 6 queries)", "validation", task)] == round(recorded["metrics"]["ndcg@10"], 4)
+    assert {r.metric_type for r in results} == {"ndcg_at_10"} and len(results) == 2
+    assert card.data.eval_results == results  # what the hub itself reads from the card
+    body = card.text
+    assert "## Limitations" in body and "Evaluated: nDCG@10 on the 2 sets and stages of the table above" in body
+    assert "Precision: the figures were computed with queries encoded with the `torch` backend" in body
+    assert "PG-Rank (the policy gradient of Neural PG-Rank)" in body and "not plain PG-Rank" not in body  # plain here
+
+
+def test_the_cards_usage_snippet_loads_the_export_from_any_directory(exported, tmp_path):
+    card = (exported / "README.md").read_text()
+    snippet = card.split("```python\n", 1)[1].split("```", 1)[0]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    proc = subprocess.run([sys.executable, "-c", snippet], cwd=elsewhere, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": ""})
+    assert proc.returncode == 0, proc.stderr
+    assert "tensor([[" in proc.stdout  # one row of two similarities
+
+
+@pytest.fixture(scope="module")
+def workspace_project(project, tmp_path_factory):
+    """A project whose profile ``toy`` names a workspace (``runs/toy``, the trained toy run) holding the run's
+    composed ``params.yaml``, as ``pgrank --profile toy repro`` leaves it; the project's own params are the paper's."""
+    from pgrank.pipeline.workspace import workspace_params
+
+    params, paths, _ = project
+    proj = tmp_path_factory.mktemp("workspace-project")
+    (proj / "params.yaml").write_text((ROOT / "params.yaml").read_text())
+    (proj / "profiles").mkdir()
+    (proj / "profiles" / "toy.yaml").write_text("paths:\n  root: runs/toy\n")
+    (proj / "runs").mkdir()
+    (proj / "runs" / "toy").symlink_to(paths.root, target_is_directory=True)
+    ws = (proj / "runs" / "toy").resolve()
+    (ws / "params.yaml").write_text("# Composed by pgrank from params.yaml + profiles/toy.yaml + --set ...\n"
+                                    + yaml.safe_dump(workspace_params(params, proj, ws), sort_keys=False))
+    yield proj, ws
+    (ws / "params.yaml").unlink()
+
+
+def test_export_reads_the_workspaces_recorded_configuration_so_no_set_is_repeated(workspace_project):
+    proj, ws = workspace_project
+    proc = cli("--profile", "toy", "export", "--to", "out/policy", cwd=proj)
+    assert proc.returncode == 0, proc.stderr
+    assert f"configuration: {ws / 'params.yaml'}" in proc.stdout  # not the paper's params.yaml + profile
+    assert "nDCG@10 of 2 evaluated sets and stages" in proc.stdout
+    body = (proj / "out" / "policy" / "README.md").read_text()
+    assert "| `train.pg.num_samples` | 8 |" in body and "| `train.epochs` | 1 |" in body  # the run's, not the paper's
+    # a --set the run was made with is accepted; one it was not made with would describe another run: refused
+    same = cli("--profile", "toy", "--set", "train.pg.num_samples=8", "export", "--to", "out/same", cwd=proj)
+    assert same.returncode == 0, same.stderr
+    line = one_error(cli("--profile", "toy", "--set", "train.pg.num_samples=16", "export", "--to", "out/other", cwd=proj))
+    assert (f"--set train.pg.num_samples=16: the run in {ws} was made with train.pg.num_samples=8 "
+            f"({ws / 'params.yaml'}); export reads the run's own configuration: drop the --set") in line
+    assert not (proj / "out" / "other").exists()
+
+
+def test_a_license_is_given_or_refused_in_one_line(project, tmp_path):
+    _, _, tmp = project
+    proc = cli("export", "--to", str(tmp_path / "mit"), "--license", "mit", cwd=tmp)
+    assert proc.returncode == 0, proc.stderr
+    card = (tmp_path / "mit" / "README.md").read_text()
+    assert "license: mit\n" in card and "given to `pgrank export --license`" in card
+    assert "--license Apache 2: not a hub license id" in one_error(cli("export", "--to", "x", "--license", "Apache 2",
+                                                                       cwd=tmp))

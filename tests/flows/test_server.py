@@ -313,3 +313,17 @@ def test_stages_that_run_a_model_hold_a_device_slot_one_at_a_time(prefect_server
     device = sorted((runs[s].start_time, runs[s].end_time) for s in ("mine@sci", "mine@nf", "train@w"))
     assert all(end <= start for (_, end), (start, _) in zip(device, device[1:])), device
     assert runs["train@w"].tags == [DEVICE_TAG] and runs["download"].tags == []
+
+
+def test_a_gate_concurrency_limit_of_several_slots_is_corrected_to_one_and_the_run_says_so(prefect_server):
+    from prefect.client.orchestration import get_client
+
+    from flows.retraining import GATE_TAG, ensure_gate_limit
+
+    with get_client(sync_client=True) as client:
+        client.create_concurrency_limit(tag=GATE_TAG, concurrency_limit=3)  # made by hand, too large
+    slots, note = ensure_gate_limit()
+    assert slots == 3 and note.startswith(f"corrected the {GATE_TAG} concurrency limit from 3 slots to 1")
+    with get_client(sync_client=True) as client:
+        assert client.read_concurrency_limit_by_tag(GATE_TAG).concurrency_limit == 1
+    assert ensure_gate_limit() == (1, None)  # right as it is: nothing said

@@ -111,3 +111,31 @@ def test_on_cuda_in_bf16_a_packed_chunk_encodes_as_the_padded_batch_does(paper_m
     assert out[True].shape == out[False].shape == (len(TEXTS), out[False].shape[1])
     cosine = torch.nn.functional.cosine_similarity(out[True], out[False], dim=1)
     assert float(cosine.min()) > 0.999  # bf16's rounding, text by text
+
+
+def test_compiled_layers_agree_with_eager_ones(tiny_model_dir):
+    """train.compile_layers: the layers' tails compiled by inductor, the token count dynamic (two chunk sizes, one
+    compile), against the eager layers: embeddings to 1e-5 and gradients to 1e-4 in float32."""
+    from torch._inductor import config as inductor
+
+    from pgrank.models.packing import compile_layers
+
+    model, rows, layout = _packed(tiny_model_dir)
+    model.eval()  # dropout off: inductor draws its own masks
+    chunks = [chunk_features(rows.take(np.arange(lo, hi)), layout, packed=True) for lo, hi in ((0, 30), (5, 17))]
+    eager = [_embeddings_and_gradients(model, f) for f in chunks]
+    assert compile_layers(model)
+    torch._dynamo.reset()
+    with inductor.patch(compile_threads=1):  # no pool of compile workers to start on a small CPU
+        compiled = [_embeddings_and_gradients(model, f) for f in chunks]
+        with torch.no_grad():
+            forward_only = run_features(model, chunks[0], task="document")
+    for (emb, grads), (emb_c, grads_c) in zip(eager, compiled):
+        torch.testing.assert_close(emb_c, emb, atol=1e-5, rtol=1e-5)
+        for a, b in zip(grads_c, grads):
+            assert (a is None) == (b is None)
+            if a is not None:
+                torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(forward_only, eager[0][0], atol=1e-5, rtol=1e-5)
+    assert not compile_layers(model, False)
+    assert torch.equal(_embeddings_and_gradients(model, chunks[0])[0], eager[0][0])  # eager again, bitwise

@@ -1,7 +1,8 @@
 """The champion gate: the rule, the registry, the gate set and side-by-side evaluation, continual training.
 
 * :func:`decide` on per-query values (a pure function): promotion needs a gain over ``min_gain`` and a
-  paired test with ``p < alpha``.
+  one-sided test of the mean gain with ``p < alpha`` (the betting test by default; under e-LOND its e-value of at
+  least 1 / level); a rank test is refused.
 * The registry on a real sqlite MLflow store: which versions a pipeline run registered, the alias,
   the decision as version tag, run tags, metrics and artifacts.
 * The gate on the toy project with the tiny in-code BERT, trained and registered for real: the gate
@@ -44,7 +45,7 @@ def test_a_significant_gain_promotes_and_the_table_says_why():
     rng = np.random.default_rng(0)
     old = rng.uniform(0.2, 0.6, 60)
     new = old + 0.1 + rng.normal(0, 0.02, 60)
-    decision = decide(per_query(list(new)), per_query(list(old)), ChampionConfig(), challenger="4", champion="3",
+    decision = decide(per_query(list(new)), per_query(list(old)), ChampionConfig(test="student"), challenger="4", champion="3",
                       metrics=["ndcg@10", "mrr@10"], gate="frozen: 60 queries")
     assert decision.promoted and decision.queries == 60
     head = decision.row("ndcg@10")
@@ -61,19 +62,19 @@ def keeps_what_it_should(rule) -> None:
     rng = np.random.default_rng(1)
     old = rng.uniform(0.2, 0.6, 40)
     noisy = old + 0.005 + np.tile([0.2, -0.2], 20)  # a mean gain of exactly +0.005, buried in noise
-    kept = rule(per_query(list(noisy)), per_query(list(old)), ChampionConfig(), challenger="5", champion="4",
+    kept = rule(per_query(list(noisy)), per_query(list(old)), ChampionConfig(test="student"), challenger="5", champion="4",
                 metrics=["ndcg@10"])
     head = kept.row("ndcg@10")
     assert head.gain == pytest.approx(0.005) and head.p_value > 0.25  # one-sided: about 0.44
     assert not kept.promoted and "not significant" in kept.reason and kept.message.startswith("kept the champion: ")
-    worse = rule(per_query(list(old - 0.01)), per_query(list(old)), ChampionConfig(), challenger="5", champion="4",
+    worse = rule(per_query(list(old - 0.01)), per_query(list(old)), ChampionConfig(test="student"), challenger="5", champion="4",
                  metrics=["ndcg@10"])
     assert not worse.promoted and "is not better than the champion" in worse.reason
-    margin = ChampionConfig(min_gain=0.05, alpha=None)
+    margin = ChampionConfig(test="student", min_gain=0.05, alpha=None)
     small = rule(per_query(list(old + 0.02)), per_query(list(old)), margin, challenger="5", champion="4",
                  metrics=["ndcg@10"])
     assert not small.promoted and "<= min_gain 0.05" in small.reason
-    equal = rule(per_query(list(old)), per_query(list(old)), ChampionConfig(min_gain=0.0), challenger="5",
+    equal = rule(per_query(list(old)), per_query(list(old)), ChampionConfig(test="student", min_gain=0.0), challenger="5",
                  champion="4", metrics=["ndcg@10"])
     assert not equal.promoted and equal.row("ndcg@10").p_value == 1.0
 
@@ -81,7 +82,7 @@ def keeps_what_it_should(rule) -> None:
 def test_no_gain_an_insignificant_gain_or_a_gain_below_the_margin_keeps_the_champion():
     keeps_what_it_should(decide)
     any_gain = decide(per_query(list(np.linspace(0.2, 0.6, 40) + 0.02)), per_query(list(np.linspace(0.2, 0.6, 40))),
-                      ChampionConfig(alpha=None), challenger="5", champion="4", metrics=["ndcg@10"])
+                      ChampionConfig(test="student", alpha=None), challenger="5", champion="4", metrics=["ndcg@10"])
     assert any_gain.promoted and " p = " not in any_gain.reason  # no significance asked for
 
 
@@ -101,12 +102,12 @@ def test_the_rule_test_fails_on_a_broken_rule(mutant):
 def test_with_no_champion_the_first_challenger_meets_its_warm_start_or_is_promoted_if_told():
     rng = np.random.default_rng(2)
     warm = rng.uniform(0.2, 0.6, 50)
-    same = decide(per_query(list(warm + 0.003 + np.tile([0.1, -0.1], 25))), per_query(list(warm)), ChampionConfig(),
+    same = decide(per_query(list(warm + 0.003 + np.tile([0.1, -0.1], 25))), per_query(list(warm)), ChampionConfig(test="student"),
                   challenger="1", champion=None, metrics=["ndcg@10"], baseline="its warm start minilm")
     assert not same.promoted and same.message.startswith("no champion yet: version 1's gain over its warm start minilm "
                                                          "is not significant")
     assert "| metric | warm start minilm | challenger (v1) |" in same.markdown() and "**Not promoted**" in same.markdown()
-    better = decide(per_query(list(warm + 0.05)), per_query(list(warm)), ChampionConfig(), challenger="1",
+    better = decide(per_query(list(warm + 0.05)), per_query(list(warm)), ChampionConfig(test="student"), challenger="1",
                     champion=None, metrics=["ndcg@10"], baseline="its warm start minilm")
     assert better.promoted and re.search(r"ndcg@10 0\.\d{4} vs its warm start minilm's 0\.\d{4} \(\+0\.0500 > min_gain 0\)",
                                          better.reason)
@@ -118,28 +119,46 @@ def test_with_no_champion_the_first_challenger_meets_its_warm_start_or_is_promot
 
 
 def test_several_challengers_are_compared_on_selection_and_only_the_chosen_one_is_in_the_table():
-    decision = decide(per_query([0.9, 0.8]), per_query([0.5, 0.4]), ChampionConfig(), challenger="6", champion="3",
+    decision = decide(per_query([0.9, 0.8]), per_query([0.5, 0.4]), ChampionConfig(test="student"), challenger="6", champion="3",
                       metrics=[], selection={"4": 0.61, "5": 0.60, "6": 0.63})
     assert "Challengers: v4 0.6100, v5 0.6000, v6 0.6300 (validation nDCG@10, the selection split); only the best, " \
            "version 6, meets the gate: one test per decision." in decision.markdown()
 
 
-def test_a_worse_model_with_a_few_large_gains_is_not_promoted_by_a_rank_test():
-    """40 queries lose 0.02, 5 gain 0.25, 55 tie: the mean is up, but a one-sided signed-rank test does not say
-    better (a two-sided test would, p = 0.0002), and every row of the table is one-sided."""
+def test_a_worse_model_with_a_few_large_gains_is_not_promoted_and_a_rank_test_is_refused():
+    """40 queries lose 0.02, 5 gain 0.25, 55 tie: the mean is up, but the one-sided test of the mean does not say
+    better, and every row of the table is one-sided. A rank test cannot decide this claim about the mean."""
     old = np.full(100, 0.5)
     new = old + np.concatenate([np.full(40, -0.02), np.full(5, 0.25), np.zeros(55)])
-    decision = decide(per_query(list(new)), per_query(list(old)), ChampionConfig(test="wilcoxon"), challenger="7",
+    decision = decide(per_query(list(new)), per_query(list(old)), ChampionConfig(), challenger="7",
                       champion="6", metrics=["mrr@10"])
-    assert decision.row("ndcg@10").gain > 0 and decision.row("ndcg@10").p_value > 0.99
-    assert decision.row("mrr@10").p_value > 0.99 and not decision.promoted
-    assert "one-sided p (wilcoxon)" in decision.markdown()
+    assert decision.row("ndcg@10").gain > 0 and decision.row("ndcg@10").p_value > 0.05
+    assert decision.row("mrr@10").p_value > 0.05 and not decision.promoted
+    assert "one-sided p (betting)" in decision.markdown()
+    for test in ("wilcoxon", "fisher"):
+        with pytest.raises(ValueError, match="not a mean gain of 0"):
+            ChampionConfig(test=test)
+
+
+def test_the_default_betting_test_promotes_a_real_gain_and_names_its_e_value_under_elond():
+    rng = np.random.default_rng(5)
+    old = rng.uniform(0.2, 0.6, 1000)
+    new = np.clip(old + rng.normal(0.03, 0.1, 1000), 0, 1)
+    cfg = ChampionConfig(alpha=None, budget=0.05, horizon=52, budget_rule="elond")
+    assert cfg.test == "betting"
+    passed = decide(per_query(list(new)), per_query(list(old)), cfg, challenger="9", champion="8", metrics=[],
+                    level=2 * 0.05 / 52, budget="decision 3 (elond, one promotion before)")
+    assert passed.promoted and passed.e_value * passed.alpha >= 1
+    assert re.search(r"betting e-value \S+ >= 1 / level 0\.00192", passed.reason), passed.reason
+    noise = decide(per_query(list(np.clip(old + rng.normal(0.0, 0.1, 1000), 0, 1))), per_query(list(old)), cfg,
+                   challenger="9", champion="8", metrics=[], level=0.05 / 52, budget="decision 1")
+    assert not noise.promoted and "< 1 / level 0.000962" in noise.reason
 
 
 def test_non_inferiority_promotes_a_slightly_worse_model_and_keeps_one_worse_by_more_than_the_margin():
     rng = np.random.default_rng(3)
     old = rng.uniform(0.2, 0.6, 200)
-    cfg = ChampionConfig(margin=0.02)
+    cfg = ChampionConfig(test="student", margin=0.02)
     close = decide(per_query(list(old - 0.005 + rng.normal(0, 0.01, 200))), per_query(list(old)), cfg,
                    challenger="8", champion="7", metrics=[])
     assert close.promoted and close.row("ndcg@10").gain < 0 and close.row("ndcg@10").p_value < 1e-6
@@ -147,7 +166,7 @@ def test_non_inferiority_promotes_a_slightly_worse_model_and_keeps_one_worse_by_
     assert "worse than the champion's by more than the margin 0.02 (non-inferiority)" in close.markdown()
     far = decide(per_query(list(old - 0.03)), per_query(list(old)), cfg, challenger="8", champion="7", metrics=[])
     assert not far.promoted and "worse by more than champion.margin than the champion" in far.reason
-    superiority = decide(per_query(list(old - 0.005)), per_query(list(old)), ChampionConfig(), challenger="8",
+    superiority = decide(per_query(list(old - 0.005)), per_query(list(old)), ChampionConfig(test="student"), challenger="8",
                          champion="7", metrics=[])
     assert not superiority.promoted
 
@@ -156,7 +175,7 @@ def test_with_an_error_budget_the_decision_runs_at_the_level_given_and_names_it(
     rng = np.random.default_rng(4)
     old = rng.uniform(0.2, 0.6, 60)
     new = old + 0.02 + rng.normal(0, 0.03, 60)  # one-sided student p about 1e-6
-    cfg = ChampionConfig(alpha=None, budget=0.05, horizon=52)
+    cfg = ChampionConfig(test="student", alpha=None, budget=0.05, horizon=52)
     said = "decision 3 of the error budget 0.05 over 52 decisions (spending)"
     passed = decide(per_query(list(new)), per_query(list(old)), cfg, challenger="9", champion="8", metrics=[],
                     level=0.05 / 52, budget=said)
@@ -168,7 +187,7 @@ def test_with_an_error_budget_the_decision_runs_at_the_level_given_and_names_it(
     with pytest.raises(ValueError, match="a level comes with champion.budget"):
         decide(per_query(list(new)), per_query(list(old)), cfg, challenger="9", champion="8", metrics=[])
     with pytest.raises(ValueError, match="a level comes with champion.budget"):
-        decide(per_query(list(new)), per_query(list(old)), ChampionConfig(), challenger="9", champion="8", metrics=[],
+        decide(per_query(list(new)), per_query(list(old)), ChampionConfig(test="student"), challenger="9", champion="8", metrics=[],
                level=0.01)
 
 
@@ -245,8 +264,8 @@ def test_the_decision_and_its_table_are_logged_to_mlflow(store, tmp_path):
                            "tracking": {"uri": client.tracking_uri}})
     with mlflow.start_run(experiment_id=experiment) as parent:
         pass
-    decision = decide(per_query([0.9, 0.8, 0.85]), per_query([0.5, 0.4, 0.45]), ChampionConfig(), challenger="7",
-                      champion="6", metrics=["ndcg@10", "mrr@10"], gate="frozen: 3 queries")
+    decision = decide(per_query([0.9, 0.8, 0.85]), per_query([0.5, 0.4, 0.45]), ChampionConfig(test="student"),
+                      challenger="7", champion="6", metrics=["ndcg@10", "mrr@10"], gate="frozen: 3 queries")
     run_id = log_decision(params, Paths.from_config(params.paths, base=tmp_path), decision,
                           parent_run_id=parent.info.run_id, per_query={"v7": per_query([0.9, 0.8, 0.85])})
     run = client.get_run(run_id)
@@ -455,7 +474,8 @@ def test_the_gate_of_a_workspace_meets_the_warm_start_first_then_keeps_what_noth
     (record,) = records(client, params.tracking.registered_model)  # the first decision, recorded in the registry
     assert (record.outcome, record.challenger, record.champion, record.run_id is not None) == ("keep", "1", None, True)
     assert record.level == pytest.approx(0.05 / 52) and record.budget["state"]["decisions"] == 1  # params.yaml's budget
-    assert "p < 0.000962, the level decision 1 of the error budget 0.05 over 52 decisions (fallback)" in decision.markdown()
+    assert "p < 0.000962, the level decision 1 of the error budget 0.05 over 52 decisions (elond)" in decision.markdown()
+    assert "< 1 / level 0.000962" in decision.reason  # e-LOND decides by the betting test's e-value
     for key in (record.key, f"{record.key}.run"):  # voided: the version is judged again
         client.delete_registered_model_tag(params.tracking.registered_model, key)
     client.delete_model_version_tag(params.tracking.registered_model, first.registered_version, DECISION_TAG)

@@ -101,6 +101,7 @@ def test_calibration_prices_every_stage_in_hours(tmp_path, tiny_model_dir):
         if line.model not in ("bm25", "-") and (line.docs or line.queries or line.grad_queries):
             assert line.hours is not None and line.hours > 0, line
     assert totals(priced).hours > 0 and "calibrated here, on cpu" in render(priced)
+    assert "stale rates" not in render(priced)  # calibrated on this machine, by this code
 
 
 def test_the_paper_is_priced_from_the_measured_gpu_rates_at_each_corpus_length(tmp_path):
@@ -165,3 +166,68 @@ def test_the_compare_plan_counts_each_variant_and_seed_as_a_run_of_its_own(tmp_p
     assert lines["train-seeds@minilm-pg_n5000-44"].rankings == 709 * 5000 * 2  # the variant's own rankings per query
     assert lines["train@minilm-pg_n1000"].rankings == 709 * 1000 * 2 and lines["train@minilm-infonce"].rankings == 0
     assert "evaluate-policy-seeds@minilm-listnet-43-scifact" in lines
+
+
+def _table_with(tmp_path, monkeypatch, data_path):
+    """The shipped rates table with its GPU's ``data_path`` set to ``data_path`` (``None``: not recorded)."""
+    import yaml
+
+    from pgrank.pipeline import rates
+
+    table = yaml.safe_load(rates.TABLE.read_text(encoding="utf-8"))
+    for entry in table["devices"].values():
+        entry.pop("data_path", None)
+        if data_path is not None:
+            entry["data_path"] = data_path
+    (tmp_path / "rates.yaml").write_text(yaml.safe_dump(table))
+    monkeypatch.setattr(rates, "TABLE", tmp_path / "rates.yaml")
+    rates._table.cache_clear()  # and again when the test ends (fresh_table)
+
+
+@pytest.fixture
+def fresh_table():
+    from pgrank.pipeline import rates
+
+    rates._table.cache_clear()
+    yield
+    rates._table.cache_clear()
+
+
+@pytest.mark.parametrize(("data_path", "says"), [
+    ("padded", "were measured on the padded path, texts tokenized inside the timed loops"),
+    (None, "were measured with no data path recorded"),
+    ("packed", None),
+])
+def test_a_price_from_rates_measured_before_the_packed_path_says_so_in_one_line(tmp_path, monkeypatch, fresh_table,
+                                                                               data_path, says):
+    from pgrank.pipeline.rates import DATA_PATH
+
+    _table_with(tmp_path, monkeypatch, data_path)
+    _, plan = _plan(tmp_path)
+    stale = [line for line in render(plan).splitlines() if line.startswith("stale rates")]
+    if says is None:
+        assert DATA_PATH == "packed" and stale == []
+        return
+    assert len(stale) == 1
+    assert stale[0].startswith("stale rates: priced from rates measured before the packed data path this code runs. "
+                               "The NVIDIA H100 80GB HBM3's ")
+    assert says in stale[0] and "`python bench/gpu.py` on that GPU measures them again" in stale[0]
+
+
+def test_the_shipped_rates_say_their_data_path_and_the_readme_says_what_the_plan_says(tmp_path, fresh_table):
+    """Until a record of the packed path prices the paper, the plan flags its rates and the README's status table and
+    "Reproducing the paper" say so; once one does, neither does."""
+    import re
+
+    from pgrank.pipeline.rates import DATA_PATH, DATA_PATHS, _table
+
+    devices = _table()["devices"]
+    assert all(entry.get("data_path") in DATA_PATHS for entry in devices.values())
+    stale = any(entry["data_path"] != DATA_PATH for entry in devices.values())
+    _, plan = _plan(tmp_path)
+    assert ("stale rates: " in render(plan)) == stale
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    row = next(line for line in readme.splitlines() if line.startswith("| the full paper run |"))
+    section = readme.split("## Reproducing the paper", 1)[1].split("\n## ", 1)[0]
+    phrase = "priced from rates measured before the packed path"
+    assert (phrase in row) == stale and (phrase in re.sub(r"\s+", " ", section)) == stale

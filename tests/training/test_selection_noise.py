@@ -4,16 +4,19 @@ per-query noise against the warm start (every set must pass), then the best in d
 from __future__ import annotations
 
 import math
+import random
 import statistics
 from pathlib import Path
 
+import numpy as np
 import pytest
 from pydantic import ValidationError
 
 from pgrank.config import SelectionConfig, load_params
 from pgrank.core.history import per_query_set_key, scalars
 from pgrank.errors import ConfigError
-from pgrank.training.selection import accepted, paired_difference, passes, per_query_needed, select_row, summary
+from pgrank.training.selection import (accepted, failing, held_back_by, paired_difference, passes, per_query_needed,
+                                       select_row, summary)
 
 PARAMS = Path(__file__).resolve().parents[2] / "params.yaml"
 
@@ -72,6 +75,11 @@ def test_every_set_must_pass_and_the_best_in_domain_of_the_accepted_points_is_ch
     facts = summary(history, [NF, DB], NOISE)
     assert (facts["guard"], facts["accepted"], facts["epoch"], facts["alpha"]) == ("noise", 2, 2, 0.5)
     assert facts[f"{DB}_paired_se"] == pytest.approx(statistics.stdev([0.05, -0.05, 0.02, -0.04]) / 2)
+    assert facts[f"{DB}_paired_z"] == pytest.approx(-0.005 / facts[f"{DB}_paired_se"])
+    # what the guard rejected: the best in domain without it (epoch 3) loses nfcorpus, and only nfcorpus
+    assert held_back_by(history, [NF, DB], NOISE) == [NF]
+    assert failing(history[2], WARM, [NF, DB], NOISE) == [DB] and failing(WARM, WARM, [NF, DB], NOISE) == []
+    assert held_back_by(history, [NF, DB], SelectionConfig(rule="in_domain")) == []  # no guard, nothing held back
     # alphas that interpolation does not list are never candidates
     assert select_row(history, [NF, DB], SelectionConfig(rule="guarded", guard="noise"))["epoch"] == 1
 
@@ -145,3 +153,48 @@ def test_the_demo_guards_on_two_unlike_sets_by_their_noise_and_reports_only_the_
     assert "dbpedia/test" in demo.data.eval_sets and "dbpedia/dev" not in demo.data.eval_sets
     assert demo.data.sources["dbpedia"].split.of == "dbpedia-entity-subset"
     assert demo.data.sources["dbpedia-entity-subset"].mirror == "dbpedia-entity-subset.zip"
+
+
+# nDCG@10 of a query with one relevant document at rank r (1..10): what half-document retrieval scores per query
+GAIN = [1 / math.log2(r + 1) for r in range(1, 11)]
+DROP = GAIN[0]            # rank 1 -> out of the top 10: the whole query lost
+STEP = GAIN[0] - GAIN[1]  # rank 2 -> rank 1: the commonest small gain
+
+
+def _null(losses: float, loss: float, gain: float) -> list[tuple[float, float]]:
+    """``(difference, probability)`` of a per-query difference with mean exactly 0: a share ``losses`` of the
+    queries lose ``loss``, as many gain ``gain`` as balance it, the others are tied."""
+    gains = losses * loss / gain
+    return [(-loss, losses), (gain, gains), (0.0, 1.0 - losses - gains)]
+
+
+@pytest.mark.parametrize("name, null", [
+    ("symmetric: a step up or down", _null(0.05, STEP, STEP)),
+    ("rare whole losses, frequent small gains", _null(0.02, DROP, STEP)),
+    ("rare whole gains, frequent small losses", _null(0.02 * DROP / STEP, STEP, DROP)),
+])
+@pytest.mark.parametrize("noise_se, nominal, band", [(1.0, 0.159, (0.10, 0.22)), (1.645, 0.05, (0.01, 0.11))])
+def test_the_noise_guard_rejects_a_point_that_loses_nothing_at_about_its_level_on_half_documents(
+        name, null, noise_se, nominal, band):
+    """The guard's one-sided z-test under no loss, on sets shaped as half documents are: 300 queries whose
+    nDCG@10 differences from the warm start are mostly ties, the others skewed (a whole query lost against many
+    one-rank gains, or the reverse). The level stays near the nominal one (a normal approximation, so not exactly)."""
+    values, weights = zip(*null)
+    trials, qids = 1000, [f"q{i}" for i in range(300)]
+    draws = np.random.default_rng(7).choice(values, size=(trials, len(qids)), p=weights)
+    cfg = SelectionConfig(rule="guarded", guard="noise", noise_se=noise_se)
+    warm = {"epoch": 0, per_query_set_key(NF): dict.fromkeys(qids, 1.0)}
+    rejected = sum(not passes({"epoch": 1, per_query_set_key(NF): dict(zip(qids, (1.0 + diffs).tolist()))}, warm, NF, cfg)
+                   for diffs in draws)
+    assert band[0] <= rejected / trials <= band[1], (name, rejected / trials, nominal)
+
+
+def test_the_noise_guard_rejects_a_real_loss_of_half_documents_most_of_the_time():
+    """Power: one query in 40 loses its rank-1 document (a mean loss of 0.025 over 300 queries) and nothing gains."""
+    rng = random.Random(3)
+    warm = {"epoch": 0, per_query_set_key(NF): {f"q{i}": 1.0 for i in range(300)}}
+    rejected = 0
+    for _ in range(200):
+        point = {"epoch": 1, per_query_set_key(NF): {f"q{i}": 0.0 if rng.random() < 0.025 else 1.0 for i in range(300)}}
+        rejected += not passes(point, warm, NF, NOISE)
+    assert rejected / 200 > 0.9

@@ -50,6 +50,7 @@ from pgrank.errors import DataError
 from pgrank.data.token_store import TokenStore
 from pgrank.models.packing import enable_packing_for
 from pgrank.retrieval.dense.encoding import encode_documents, encode_token_rows, encodes_tokens, encoding_devices
+from pgrank.retrieval.dense.token_pool import TokenPool
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
@@ -191,15 +192,15 @@ def build_corpus_embeddings(
         chunk_size: documents per shard (the resume granularity).
         show_progress: tqdm bar over documents.
         processes_per_gpu: processes of sentence-transformers' multi-process pool on each GPU
-            (``models.processes_per_gpu``).
+            (``models.processes_per_gpu``), for a model encoding strings.
         tokens: the corpus's token store for a loaded model (:func:`pgrank.data.token_store.corpus_tokens`).
 
     Returns:
-        The complete artifact. On several GPUs, encoding uses sentence-transformers' multi-process pool
-        (:func:`pgrank.retrieval.dense.encoding.encoding_devices`). Otherwise a model that
-        :func:`pgrank.retrieval.dense.encoding.encodes_tokens` encodes ``tokens``' ids in token-budget chunks of
-        ``batch_size x max_seq_length`` tokens; any other (an ONNX export, a model with a document prompt, no
-        ``tokens``) runs a plain ``encode`` on the model's device.
+        The complete artifact. A model that :func:`pgrank.retrieval.dense.encoding.encodes_tokens` encodes
+        ``tokens``' ids in token-budget chunks of ``batch_size x max_seq_length`` tokens, on several GPUs in one
+        process per GPU (:class:`pgrank.retrieval.dense.token_pool.TokenPool`). Any other (an ONNX export, no
+        ``tokens``) encodes strings: through sentence-transformers' multi-process pool on several devices
+        (:func:`pgrank.retrieval.dense.encoding.encoding_devices`), else a plain ``encode`` on the model's device.
     """
     folder = Path(folder)
     if (folder / META).is_file():
@@ -237,24 +238,31 @@ def _build(load_model, model_key, num_docs: int, texts, folder: Path, *, corpus_
         log.info("%s: %d of %d shards to encode", folder, len(todo), num_shards)
     bar = tqdm(total=num_docs, initial=num_docs - sum(rows_of[i] for i in todo), unit="doc",
                desc="Encoding corpus", disable=not show_progress or not todo, smoothing=0.05)
-    pool = model = home = ids = None
+    pool = token_pool = model = home = ids = None
+    budget = batch_size * max_seq_length
     try:
         for i in todo:
             if model is None:
                 model = load_model()
                 remaining = sum(rows_of[j] for j in todo[todo.index(i):])
-                devices = (encoding_devices(remaining, processes_per_gpu)
-                           if hasattr(model, "start_multi_process_pool") else None)
-                if devices:
-                    home = model.device  # the pool moves the model to CPU; it goes back afterwards
-                    pool = model.start_multi_process_pool(devices)
-                elif tokens is not None and encodes_tokens(model):
+                if tokens is not None and encodes_tokens(model):
                     ids = tokens(model)
-                    enable_packing_for(model, ids)
+                    devices = encoding_devices(remaining, 1)  # one process per GPU: nothing to tokenize
+                    if devices:
+                        token_pool = TokenPool(model, ids, devices, budget=budget)
+                    else:
+                        enable_packing_for(model, ids)
+                else:
+                    devices = (encoding_devices(remaining, processes_per_gpu)
+                               if hasattr(model, "start_multi_process_pool") else None)
+                    if devices:
+                        home = model.device  # the pool moves the model to CPU; it goes back afterwards
+                        pool = model.start_multi_process_pool(devices)
             lo = i * chunk_size
-            if ids is not None:
-                emb = encode_token_rows(model, ids.gather(np.arange(lo, lo + rows_of[i])), ids.features,
-                                        budget=batch_size * max_seq_length)
+            if token_pool is not None:
+                emb = token_pool.encode(lo, lo + rows_of[i])
+            elif ids is not None:
+                emb = encode_token_rows(model, ids.gather(np.arange(lo, lo + rows_of[i])), ids.features, budget=budget)
             else:
                 emb = encode_documents(model, texts(lo, lo + rows_of[i]), batch_size=batch_size, pool=pool)
             if dim is not None and emb.shape[1] != dim:
@@ -265,6 +273,8 @@ def _build(load_model, model_key, num_docs: int, texts, folder: Path, *, corpus_
             bar.update(rows_of[i])
     finally:
         bar.close()
+        if token_pool is not None:
+            token_pool.close()
         if pool is not None:
             model.stop_multi_process_pool(pool)
             model.to(home)
@@ -331,12 +341,20 @@ class SubsetEmbeddings:
     documents of its candidate sets, not the whole corpus. They are encoded once, in chunks, into a
     float16 memory map in a temporary folder that lives as long as this object.
 
+    A model that :func:`pgrank.retrieval.dense.encoding.encodes_tokens` encodes the rows' ids from the corpus's
+    token store (``tokens``; the evaluation passes the store training built, never tokenizing a whole corpus for a
+    few of its rows) as the whole corpus's artifact does, in token-budget chunks of ``batch_size x
+    max_seq_length`` tokens, packed where it packs; any other model, or no store, encodes their strings.
+
     Args:
         rows: the corpus rows to encode (any order; duplicates are encoded once).
+        tokens: the corpus's token store for ``model`` (:func:`pgrank.data.token_store.corpus_tokens`).
+        max_seq_length: the model's truncation length (the token budget's factor; default: the store's).
     """
 
     def __init__(self, model, store: CorpusStore, rows: np.ndarray, scratch: str | Path, *, batch_size: int,
-                 chunk_size: int, show_progress: bool = False):
+                 chunk_size: int, show_progress: bool = False,
+                 tokens: Callable[["SentenceTransformer"], TokenStore] | None = None, max_seq_length: int | None = None):
         import tempfile
         import weakref
 
@@ -345,10 +363,17 @@ class SubsetEmbeddings:
         self._tmp = tempfile.TemporaryDirectory(prefix=".subset-", dir=scratch)
         weakref.finalize(self, self._tmp.cleanup)
         self._vectors = None
+        ids = tokens(model) if tokens is not None and encodes_tokens(model) else None  # None: not built
+        if ids is not None:
+            enable_packing_for(model, ids)
+        budget = batch_size * (max_seq_length or (ids.max_length if ids is not None else 0))
         bar = tqdm(total=len(self.rows), unit="doc", desc="Encoding candidates", disable=not show_progress)
         for lo in range(0, len(self.rows), chunk_size):
             part = self.rows[lo : lo + chunk_size]
-            emb = encode_documents(model, store.texts(part), batch_size=batch_size)
+            if ids is not None:
+                emb = encode_token_rows(model, ids.gather(part), ids.features, budget=budget)
+            else:
+                emb = encode_documents(model, store.texts(part), batch_size=batch_size)
             if self._vectors is None:
                 self._vectors = np.lib.format.open_memmap(Path(self._tmp.name) / "vectors.npy", mode="w+",
                                                           dtype=VECTORS, shape=(len(self.rows), emb.shape[1]))

@@ -7,11 +7,16 @@ multi-process pool (:func:`encoding_devices`): ``models.processes_per_gpu`` proc
 tokenizing one batch on the CPU overlaps the GPU's work on another (on one GPU, tokenization bounds a single
 process: DistilBERT's bf16 forward pass runs several times faster than its texts are tokenized).
 
-A corpus in one process goes the training step's way instead (:func:`encodes_tokens`, :func:`encode_token_rows`):
-token ids from the corpus's token store (:mod:`pgrank.data.token_store`, tokenized once and shared with training),
-in length-sorted chunks cut by a token budget, packed without padding where the model packs
-(:mod:`pgrank.models.packing`). The budget is ``batch_size x max_seq_length``, the most tokens a padded batch of
-``batch_size`` texts could hold, so memory stays what it was while each chunk carries many more short texts.
+A PyTorch model (:func:`encodes_tokens`) goes the training step's way instead (:func:`encode_token_rows`): token ids
+from the corpus's token store (:mod:`pgrank.data.token_store`, tokenized once and shared with training), in
+length-sorted chunks cut by a token budget, packed without padding where the model packs
+(:mod:`pgrank.models.packing`: BERT, DistilBERT, MiniLM), and otherwise (T5) padded with at most
+:data:`MAX_PADDING` of each chunk's grid padding. The budget is ``batch_size x max_seq_length``, the most tokens a
+padded batch of ``batch_size`` texts could hold, so memory stays what it was while each chunk carries many more
+short texts. With no tokenizing left to overlap, one process per GPU is enough: on several GPUs the shards are
+split between one process on each (:class:`pgrank.retrieval.dense.token_pool.TokenPool`), in the model's own
+precision (bf16 weights on CUDA under ``models.backend: auto``). Strings go through sentence-transformers' pool
+only for a model without a token path (an ONNX export) or a corpus without a token store.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ if TYPE_CHECKING:
 
 
 POOL_MIN_DOCUMENTS = 20_000  # below this, starting the pool's processes (seconds each) costs more than it saves
+MAX_PADDING = 0.05  # the most of a padded chunk's grid (a model that does not pack: T5) that may be padding
 
 
 def encoding_devices(documents: int, processes_per_gpu: int = 1) -> list[str] | None:
@@ -63,9 +69,11 @@ def encodes_tokens(model) -> bool:
     return bool(modules) and all(isinstance(getattr(m, "auto_model", None), torch.nn.Module) for m in modules)
 
 
-def encode_token_rows(model, rows: "TokenRows", layout: dict, *, budget: int, task: str = "document") -> np.ndarray:
+def encode_token_rows(model, rows: "TokenRows", layout: dict, *, budget: int, task: str = "document",
+                      max_padding: float = MAX_PADDING) -> np.ndarray:
     """float32 ``(len(rows), dim)`` embeddings of token-store rows, in their own order: length-sorted chunks of at
-    most ``budget`` tokens (:func:`pgrank.models.packing.chunks_of`), packed where the model packs."""
+    most ``budget`` tokens (:func:`pgrank.models.packing.chunks_of`), packed where the model packs, otherwise with at
+    most ``max_padding`` of each chunk's grid padding."""
     import torch
 
     from pgrank.models.packing import chunks_of, packs, run_chunk, scatter
@@ -74,7 +82,7 @@ def encode_token_rows(model, rows: "TokenRows", layout: dict, *, budget: int, ta
         return np.zeros((0, model.get_sentence_embedding_dimension() or 0), dtype=np.float32)
     device = next(model.parameters()).device
     with torch.inference_mode():
-        chunks = chunks_of(rows, layout, budget, packed=packs(model), device=device)
+        chunks = chunks_of(rows, layout, budget, packed=packs(model), device=device, max_padding=max_padding)
         emb = scatter([run_chunk(model, c, task=task) for c in chunks], chunks, len(rows))
     return emb.cpu().numpy().astype(np.float32, copy=False)
 

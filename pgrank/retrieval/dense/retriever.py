@@ -117,8 +117,13 @@ class DenseRetriever:
         artifact = corpus_embedding_folder(document_ref, backend, paths, max_seq_length=max_seq_length,
                                            corpus_sha256=self.store.sha256)
         if candidates is not None and not (artifact / META).is_file():
+            from pgrank.data.token_store import corpus_tokens
+
             self.emb = SubsetEmbeddings(self._document_model(), self.store, candidates, paths.embeddings,
-                                        batch_size=batch_size, chunk_size=params.mine.chunk_size, show_progress=progress)
+                                        batch_size=batch_size, chunk_size=params.mine.chunk_size, show_progress=progress,
+                                        tokens=lambda model: corpus_tokens(model, paths, self.store, build=False,
+                                                                           max_length=max_seq_length),
+                                        max_seq_length=max_seq_length)
         else:
             self.emb = model_corpus_embeddings(
                 document_ref, params.models, paths, self.store, max_seq_length=max_seq_length, batch_size=batch_size,
