@@ -184,6 +184,15 @@ def headline_chart(record: dict):
     return fig
 
 
+def _change_axis(ax, label: str) -> None:
+    """A panel of horizontal bars of changes against the warm start: the zero line, the first bar on top, a grid."""
+    ax.axvline(0, color="black", linewidth=0.8)
+    ax.invert_yaxis()
+    ax.set_title(label)
+    ax.set_xlabel("nDCG@10 change against the warm start")
+    ax.grid(axis="x", alpha=0.3)
+
+
 def changes_chart(record: dict, cells: dict[str, str] | None = None):
     """One group of bars per variant: its test nDCG@10 change against the warm start on each of ``cells``
     (``{record cell: label}``), ± sd over seeds."""
@@ -199,11 +208,7 @@ def changes_chart(record: dict, cells: dict[str, str] | None = None):
             change = _changes(record, cell)
             ax.barh(names, [change[n][0] for n in names], xerr=[change[n][1] for n in names], capsize=3,
                     color=["tab:blue" if n == names[0] else "tab:grey" for n in names])
-            ax.axvline(0, color="black", linewidth=0.8)
-            ax.invert_yaxis()
-            ax.set_title(label)
-            ax.set_xlabel("nDCG@10 change against the warm start")
-            ax.grid(axis="x", alpha=0.3)
+            _change_axis(ax, label)
         fig.suptitle("Test changes (reported, never used to choose): mean ± sd over seeds")
     return fig
 
@@ -222,11 +227,7 @@ def halves_chart(record: dict):
             ax.barh(names, [entries[n]["val_ood"][key] for n in names],
                     color=["tab:blue" if n == names[0] else "tab:grey" for n in names])
             ax.axvline(-0.005, color="tab:red", linewidth=0.8, linestyle="--")
-            ax.axvline(0, color="black", linewidth=0.8)
-            ax.invert_yaxis()
-            ax.set_title(label)
-            ax.set_xlabel("nDCG@10 change against the warm start")
-            ax.grid(axis="x", alpha=0.3)
+            _change_axis(ax, label)
         fig.suptitle("Half-document retrieval, mean over seeds (dashed: the chooser's margin)")
     return fig
 

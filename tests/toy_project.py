@@ -13,6 +13,7 @@ from pathlib import Path
 import yaml
 
 from pgrank.config import Params, parse_params
+from pgrank.data.beir import load_topics
 from pgrank.data.candidate_store import run_sets, write_candidates
 from pgrank.data.corpus_store import open_corpus
 from pgrank.download.carve_out import write_carve_out
@@ -81,6 +82,24 @@ def make_project(tmp: Path, model_dir: Path, *, overrides: dict | None = None, c
             run[qid] = {d: float(candidates - i) for i, d in enumerate(chosen)}
         write_candidates(paths, "toy", split, run_sets(run, corpus, queries, qrels), corpus=corpus, tag="pgrank-test",
                          trec=True)
+    return params, paths
+
+
+def with_other_dataset(tmp: Path, model_dir: Path, overrides: dict) -> tuple[Params, Paths]:
+    """The toy project plus a second toy dataset, ``other``, as the out-of-domain validation set ``other/dev``: its
+    train queries renamed to dev, and their candidate sets mined as a training set's are (the judged documents and 8
+    random others per query)."""
+    params, paths = make_project(tmp, model_dir, overrides={"train.validation_sets": ["other/dev"], **overrides})
+    write_dataset(paths.dataset("other"), seed=7)
+    (paths.dataset("other") / "qrels" / "train.tsv").rename(paths.dataset("other") / "qrels" / "dev.tsv")
+    corpus = open_corpus(paths, "other")
+    queries, qrels = load_topics(paths, "other", "dev")
+    ids = [json.loads(line)["_id"] for line in (paths.dataset("other") / "corpus.jsonl").read_text().splitlines()]
+    rng = random.Random(2)
+    run = {q: {d: 1.0 / (i + 1) for i, d in enumerate(list(judged) + rng.sample([d for d in ids if d not in judged], 8))}
+           for q, judged in qrels.items()}
+    write_candidates(paths, "other", "dev", run_sets(run, corpus, queries, qrels), corpus=corpus, tag="dev",
+                     trec=False, training=True)
     return params, paths
 
 

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import csv
 import json
-import random
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
-from toy_project import make_project, write_dataset
+from toy_project import with_other_dataset
 
 ROOT = Path(__file__).resolve().parents[2]
 OOD = "other/dev"
@@ -28,30 +27,17 @@ WARM = "tiny"  # an alias, as the demo's minilm: DVC names the stages and plot f
 
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory, tiny_model_dir):
-    from pgrank.data.beir import load_topics
-    from pgrank.data.candidate_store import run_sets, write_candidates
-    from pgrank.data.corpus_store import open_corpus
     from pgrank.pipeline.workspace import workspace_params
     from pgrank.training.trainer import train
 
     tmp = tmp_path_factory.mktemp("plots")
-    params, paths = make_project(tmp, tiny_model_dir, overrides={
+    params, paths = with_other_dataset(tmp, tiny_model_dir, {  # the out-of-domain set, mined as a training set is
         "models.aliases": {WARM: str(tiny_model_dir)}, "train.warm_starts": [WARM],
         "evaluate.systems": {"bm25": ["bm25"], "dense": [WARM], "sparse": []},
         "train.validation_sets": [OOD], "train.learning_rate": 3e-3, "train.epochs": 1, "train.keep_epochs": [0, 1],
         "train.selection": {"rule": "guarded", "guard": "noise", "noise_se": 1, "interpolation": [0.5, 1],
                             "within_se": 1, "standard_error": "paired"},
         "train.document_anchor": {"coef": 0.3, "documents": 2}, "train.pg.kl": "top1", "train.pg.kl_coef": 0.1})
-    write_dataset(paths.dataset("other"), seed=7)  # the out-of-domain set, mined as a training set is
-    (paths.dataset("other") / "qrels" / "train.tsv").rename(paths.dataset("other") / "qrels" / "dev.tsv")
-    corpus = open_corpus(paths, "other")
-    queries, qrels = load_topics(paths, "other", "dev")
-    ids = [json.loads(line)["_id"] for line in (paths.dataset("other") / "corpus.jsonl").read_text().splitlines()]
-    rng = random.Random(2)
-    run = {q: {d: 1.0 / (i + 1) for i, d in enumerate(list(judged) + rng.sample([d for d in ids if d not in judged], 8))}
-           for q, judged in qrels.items()}
-    write_candidates(paths, "other", "dev", run_sets(run, corpus, queries, qrels), corpus=corpus, tag="dev",
-                     trec=False, training=True)
     train(params, paths, WARM, device="cpu", progress=False)
 
     ws = paths.root  # the run's root is the workspace, as in runs/demo

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
-from toy_project import make_project, write_dataset
+from toy_project import make_project, with_other_dataset
 
 from pgrank.config import SelectionConfig
 from pgrank.errors import ConfigError
@@ -43,33 +42,13 @@ def test_rules_that_need_what_is_not_there_are_config_errors(tmp_path, tiny_mode
         make_project(tmp_path, tiny_model_dir, overrides={"train.selection": {"patience": 1}})
 
 
-def _with_other_dataset(tmp_path, tiny_model_dir, overrides):
-    """The toy project plus a second toy dataset as an out-of-domain validation set, mined as a training set."""
-    from pgrank.data.beir import load_topics
-    from pgrank.data.candidate_store import run_sets, write_candidates
-    from pgrank.data.corpus_store import open_corpus
-
-    params, paths = make_project(tmp_path, tiny_model_dir, overrides={"train.validation_sets": [OOD], **overrides})
-    write_dataset(paths.dataset("other"), seed=7)
-    (paths.dataset("other") / "qrels" / "train.tsv").rename(paths.dataset("other") / "qrels" / "dev.tsv")
-    corpus = open_corpus(paths, "other")
-    queries, qrels = load_topics(paths, "other", "dev")
-    ids = [json.loads(line)["_id"] for line in (paths.dataset("other") / "corpus.jsonl").read_text().splitlines()]
-    rng = random.Random(2)
-    run = {q: {d: 1.0 / (i + 1) for i, d in enumerate(list(judged) + rng.sample([d for d in ids if d not in judged], 8))}
-           for q, judged in qrels.items()}
-    write_candidates(paths, "other", "dev", run_sets(run, corpus, queries, qrels), corpus=corpus, tag="dev",
-                     trec=False, training=True)
-    return params, paths
-
-
 def test_training_validates_out_of_domain_and_keeps_the_selected_epoch_as_the_policy(tmp_path, tiny_model_dir):
     from pgrank.models.checkpoint_meta import read_checkpoint_meta
     from pgrank.retrieval.dense.retriever import policy_system
     from pgrank.training.trainer import train
 
     name = str(tiny_model_dir)
-    params, paths = _with_other_dataset(tmp_path, tiny_model_dir, {
+    params, paths = with_other_dataset(tmp_path, tiny_model_dir, {
         "train.epochs": 3, "train.learning_rate": 3e-3, "train.selection": {"rule": "guarded", "margin": 0.0, "patience": 1}})
     result = train(params, paths, name, device="cpu", progress=False)
     key = f"val_{OOD}_ndcg@10"
@@ -88,7 +67,7 @@ def test_the_noise_guard_records_every_sets_per_query_values_and_selects_by_them
     from pgrank.training.trainer import train
 
     name = str(tiny_model_dir)
-    params, paths = _with_other_dataset(tmp_path, tiny_model_dir, {
+    params, paths = with_other_dataset(tmp_path, tiny_model_dir, {
         "train.epochs": 2, "train.learning_rate": 3e-3,
         "train.selection": {"rule": "guarded", "guard": "noise", "noise_se": 1.0}})
     result = train(params, paths, name, device="cpu", progress=False)
@@ -136,7 +115,7 @@ def test_a_selected_mixture_is_the_policy_and_equals_the_interpolated_weights(tm
     from pgrank.training.weight_space import Anchor
 
     name = str(tiny_model_dir)
-    params, paths = _with_other_dataset(tmp_path, tiny_model_dir, {
+    params, paths = with_other_dataset(tmp_path, tiny_model_dir, {
         "train.epochs": 2, "train.tower": "both", "train.learning_rate": 3e-3, "train.keep_epochs": [0, 1, 2],
         "train.selection": {"rule": "guarded", "margin": 1.0, "interpolation": [0.3]}})
     from pgrank.training import selection
