@@ -128,7 +128,7 @@ def _main(
 ) -> None:
     _log_to_stderr()
     keep_interrupts()
-    from pgrank.models import torch_floor
+    from pgrank import torch_floor
 
     torch_floor.require()  # one clear error below pgrank's torch, not a TypeError deep in a stage
     ctx.obj = _Context(params.expanduser().resolve(), profile, list(set_ or []))

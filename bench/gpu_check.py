@@ -6,7 +6,7 @@ and the next one runs. Records go to ``--records`` (default ``bench/out``) as ``
 (``label``: the GPU's model, ``h100``; ``cpu`` on a CPU):
 
 1. ``environment``: the machine, library versions, and the CUDA path's first-run risks: the torch floor
-   (:func:`pgrank.models.torch_floor`), the variable-length attention call's signature and its ``scale``
+   (:func:`pgrank.torch_floor`), the variable-length attention call's signature and its ``scale``
    argument, one such call in bf16 against SDPA, FlashAttention's availability, the imports the sections need;
 2. ``step``: the paper-shape ``tower: both`` step (``train.batch_size`` queries x ``mine.candidates`` candidates,
    ``train.pg.num_samples`` rankings a query) on synthetic token stores made in place, at two chunk budgets
@@ -119,7 +119,7 @@ def environment(check: Check, save: Callable[[dict], None]) -> dict:
 
     import torch
 
-    from pgrank.models import torch_floor
+    from pgrank import torch_floor
 
     out: dict = {"torch": torch.__version__, "cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available(),
                  "torch_floor": torch_floor.FLOOR, "torch_floor_met": torch_floor.missing(torch.__version__, signature=True) is None}

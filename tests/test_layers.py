@@ -1,7 +1,7 @@
 """The layout is the pipeline, and imports only run downward.
 
 Layers, bottom to top: ``core`` (pure math: imports nothing of pgrank); the top-level modules (the config
-package, paths, errors, atomic writes, tracking); ``data`` (the storage every stage reads); ``download`` (the
+package, paths, errors, atomic writes, tracking, the torch floor); ``data`` (the storage every stage reads); ``download`` (the
 download stage, which writes it); ``models``; the retriever kinds ``retrieval/<kind>`` (none imports
 another kind); ``mining``; ``training``; ``evaluation``; ``reporting``; ``pipeline``. A module may import
 its own package and any layer below it, never one above (every import statement counts, including those
@@ -20,7 +20,7 @@ from dependency_closure import ROOT
 
 LAYERS = ["core", "top", "data", "download", "models", "retrieval", "mining", "training", "evaluation", "export", "reporting",
           "pipeline"]
-TOP = {"__init__", "atomic", "config", "errors", "paths", "tracking"}
+TOP = {"__init__", "atomic", "config", "errors", "paths", "torch_floor", "tracking"}
 
 
 def _unit(module: str) -> tuple[str, str]:

@@ -131,6 +131,7 @@ def _run(bench, page: str, checkout) -> tuple[dict, Path]:
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # minutes of real MiniLM training on NFCorpus; `-m slow` runs it
 def test_the_own_data_page_runs_as_written(bench, checkout):
     result, work = _run(bench, "own-data", checkout)
     # the page's file heads are the files the download brought
@@ -149,6 +150,7 @@ def test_the_own_data_page_runs_as_written(bench, checkout):
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # minutes of real MiniLM training on NFCorpus; `-m slow` runs it
 def test_the_compare_page_runs_as_written(bench, checkout):
     result, work = _run(bench, "compare-objectives", checkout)
     chosen = json.loads((work / "compare_lr.json").read_text())["chosen"]

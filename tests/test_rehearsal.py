@@ -21,7 +21,8 @@ from pgrank.config import load_params  # noqa: E402
 from pgrank.paths import Paths  # noqa: E402
 
 
-def test_the_rehearsal_profile_runs_every_stage_at_msmarco_shape(tmp_path, minilm_path):
+def test_the_rehearsal_profile_runs_every_stage_at_msmarco_shape(tmp_path, minilm_path, monkeypatch):
+    monkeypatch.delenv("PGRANK_BEIR_MIRROR", raising=False)  # data.mirror below names the synthetic MS MARCO's folder
     from pgrank.data.candidate_store import open_candidates
     from pgrank.download.stage import download
     from pgrank.evaluation.stage import evaluate_dataset

@@ -73,7 +73,7 @@ def enable_packing(model, probe: TokenRows, layout: dict) -> bool:
     so once, and :func:`packing_off` says why.
 
     Raises:
-        PgrankError: on CUDA, a torch below pgrank's floor (:mod:`pgrank.models.torch_floor`).
+        PgrankError: on CUDA, a torch below pgrank's floor (:mod:`pgrank.torch_floor`).
     """
     if hasattr(model, _FLAG):
         return packs(model)
@@ -81,7 +81,7 @@ def enable_packing(model, probe: TokenRows, layout: dict) -> bool:
     ok = bool(modules) and all(m.auto_model.config.model_type in _PACKABLE for m in modules)
     if ok:
         if next(model.parameters()).device.type == "cuda":
-            from pgrank.models import torch_floor
+            from pgrank import torch_floor
 
             torch_floor.require(signature=True)
         register()

@@ -1,4 +1,4 @@
-"""pgrank's torch floor (pgrank.models.torch_floor): the first release with every API the CUDA path calls, and one
+"""pgrank's torch floor (pgrank.torch_floor): the first release with every API the CUDA path calls, and one
 clear error below it."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from pgrank.errors import PgrankError
-from pgrank.models import torch_floor
+from pgrank import torch_floor
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_floor_is_pyproject_s_and_the_installed_torch_meets_it():
