@@ -21,7 +21,7 @@ Layout (``root`` is per profile; ``data`` and ``embeddings`` may be shared by pr
     {root}/models/{warm}/{objective}/epoch-{e}/                          sentence-transformers checkpoints
     {root}/models/{warm}/{objective}/selected/                           the epoch train.selection chose
     {root}/models/{warm}/{objective}/state/                              resumable training state
-    {root}/training/{warm}/{objective}/curve.csv, history.json           training curves
+    {root}/training/{warm}/{objective}/curve.csv, validation.csv, history.json  training curves
     {root}/timings/{warm}/{objective}.json                               training wall time per epoch (not DVC-tracked)
     {root}/results/{system}/{dataset}/[epoch-{e}/]{split}/{stage}/       metrics.json, per_query.json, run.trec
     {root}/results/pgrank-{warm}/{objective}/{dataset}/...               ... of a trained policy
@@ -29,6 +29,7 @@ Layout (``root`` is per profile; ``data`` and ``embeddings`` may be shared by pr
     {root}/metrics/pgrank-{warm}/{objective}/{dataset}.json              ... of a trained policy
     {root}/tables/                                                       Markdown, LaTeX, PNG
     {root}/mlflow.db                                                     default MLflow store
+    {root}/mlartifacts/                                                  its artifacts (beside any sqlite store)
     {root}/gate/{run id}/                                                the frozen gate set, fetched from MLflow
     {root}/registry/{run id}/                                            a registered model version, fetched from MLflow
 """
@@ -40,6 +41,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pgrank.config import DataConfig, PathsConfig
+
+# An sqlite MLflow store's artifacts: this folder beside its database file (pgrank.tracking.artifact_root).
+MLFLOW_ARTIFACTS = "mlartifacts"
+
 
 # The carve-out of data.train (pgrank.download.carve_out): split name -> file name under carved_qrels.
 # Three disjoint query sets: train-pg (trained on), validation (selection) and gate-pg (the champion gate's).
@@ -203,7 +208,7 @@ class Paths:
         return self.model_dir(name, objective) / "state"
 
     def training_log(self, name: str, objective: str = DEFAULT_OBJECTIVE) -> Path:
-        """``curve.csv`` (per step) and ``history.json`` (per epoch): DVC plots, apart from the model."""
+        """``curve.csv`` (per step), ``validation.csv`` and ``history.json`` (per epoch): DVC plots, apart from the model."""
         return self.root / "training" / slug(name) / objective
 
     def timings(self, name: str, objective: str = DEFAULT_OBJECTIVE) -> Path:

@@ -1,7 +1,9 @@
 """MLflow tracking, kept at the edges: stage functions call this module, the math never does.
 
 * Store: ``MLFLOW_TRACKING_URI`` if set, else ``tracking.uri``, else an sqlite file under
-  ``paths.root`` at an absolute URI (MLflow's own default depends on the working directory).
+  ``paths.root`` at an absolute URI (MLflow's own default depends on the working directory). An sqlite store's
+  experiment keeps its artifacts in ``mlartifacts/`` beside the database (:func:`artifact_root`), never in the
+  working directory of the process that created it.
 * Runs: each stage process opens one :func:`stage_run` (``resources=True``). When
   ``PGRANK_MLFLOW_PARENT_RUN_ID`` is set (the pipeline driver sets it), it is nested under that parent
   run, so one pipeline execution is one parent run with one nested run per stage process; a run opened
@@ -28,10 +30,12 @@ import resource
 import socket
 import time
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from pgrank.config import Params
-from pgrank.errors import Stopped
+from pgrank.errors import PgrankError, Stopped
+from pgrank.paths import MLFLOW_ARTIFACTS as ARTIFACTS
 from pgrank.paths import Paths
 
 PARENT_ENV = "PGRANK_MLFLOW_PARENT_RUN_ID"
@@ -77,8 +81,35 @@ def configure(params: Params, paths: Paths) -> None:
     if uri.startswith("sqlite:///"):
         os.makedirs(os.path.dirname(uri.removeprefix("sqlite:///")), exist_ok=True)
     mlflow.set_tracking_uri(uri)
-    experiment = mlflow.set_experiment(params.tracking.experiment)
+    experiment = mlflow.set_experiment(experiment_id=_experiment_id(params.tracking.experiment, uri))
     end_orphaned_runs(experiment.experiment_id)
+
+
+def artifact_root(uri: str) -> str | None:
+    """Where a new experiment of an sqlite store keeps its artifacts: ``mlartifacts/`` beside the database file (MLflow's
+    own default, ``./mlruns``, is resolved against the working directory of whichever process creates the experiment:
+    the project's root when ``pgrank repro`` runs there). ``None`` for a server, which decides for itself."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    return (Path(uri.removeprefix("sqlite:///")).resolve().parent / ARTIFACTS).as_uri()
+
+
+def _experiment_id(name: str, uri: str) -> str:
+    """The experiment ``name``'s id, created with :func:`artifact_root`'s location when it does not exist (a stage that
+    creates it at the same moment as another finds the other's)."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    client = mlflow.MlflowClient(uri)
+    for _ in range(2):
+        found = client.get_experiment_by_name(name)
+        if found is not None:
+            return found.experiment_id
+        try:
+            return client.create_experiment(name, artifact_location=artifact_root(uri))
+        except MlflowException:  # created by another process in between
+            continue
+    raise PgrankError(f"MLflow store {uri}: experiment {name!r} could not be created or found")
 
 
 def this_process() -> str:

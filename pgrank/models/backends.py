@@ -43,6 +43,8 @@ import functools
 import hashlib
 import json
 import logging
+import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -51,9 +53,11 @@ import numpy as np
 from pgrank.atomic import atomic_path, exclusive, lock_file, write_json
 from pgrank.data.artifact_meta import META
 from pgrank.data.checksums import file_sha256
-from pgrank.data.token_store import task_prompt
 from pgrank.errors import PgrankError
 from pgrank.models.loading import on_cuda
+from pgrank.models.onnx_encoder import OUTPUT as _OUTPUT
+from pgrank.models.onnx_encoder import OnnxEncoder, write_text_files
+from pgrank.models.onnx_encoder import features as tokenized
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
@@ -69,9 +73,8 @@ log = logging.getLogger(__name__)
 # bf16 do not.
 FLOAT32_BACKENDS = frozenset({"torch", "onnx"})
 
-FORMAT = "pgrank-onnx-export/1"
+FORMAT = "pgrank-onnx-export/2"  # 2: the tokenizer and text settings beside the graph (pgrank.models.onnx_encoder)
 _EXPORTABLE = {"Transformer", "Pooling", "Normalize", "Dense"}  # sentence-transformers module classes
-_OUTPUT = "sentence_embedding"
 # Above ONNX's 2 GB protobuf limit a graph needs external data files, and exporting and quantizing a
 # billion-parameter model takes a CPU tens of minutes and several times its size in memory: such models run torch.
 ONNX_MAX_WEIGHT_BYTES = 2**31
@@ -193,16 +196,18 @@ def embedding_key(ref: "ModelRef", backend: str, device: str | None = None) -> s
     activation scale is the text's own.)"""
     if backend == "torch":
         return ref.key
-    suffix = {"onnx-int8": f"-{int8_isa()}", "torch-bf16": "-cuda" if on_cuda(device) else ""}.get(backend, "")
+    suffix = {"onnx-int8": lambda: f"-{int8_isa()}", "torch-bf16": lambda: "-cuda" if on_cuda(device) else ""}.get(
+        backend, lambda: "")()
     return f"{ref.key}+{backend}{suffix}"
 
 
 def _export_key(ref: "ModelRef", backend: str) -> dict:
-    import onnxruntime
-    import torch
+    """What an export depends on; read from the packages' metadata, so that a stage that reuses an export imports
+    neither PyTorch nor ONNX Runtime to find it."""
+    from importlib.metadata import version
 
     return {"model": ref.key, "backend": backend, "isa": int8_isa() if backend == "onnx-int8" else None,
-            "torch": torch.__version__, "onnxruntime": onnxruntime.__version__, "format": FORMAT}
+            "torch": version("torch"), "onnxruntime": version("onnxruntime"), "format": FORMAT}
 
 
 def _tree_digest(folder: Path) -> dict[str, str]:
@@ -210,13 +215,8 @@ def _tree_digest(folder: Path) -> dict[str, str]:
             for p in sorted(folder.rglob("*")) if p.is_file() and p.name != META}
 
 
-def _features(model: "SentenceTransformer", texts: list[str]) -> dict:
-    """Tokenized ``texts`` as the model tokenizes them (``preprocess`` in sentence-transformers >= 6)."""
-    return (model.preprocess if hasattr(model, "preprocess") else model.tokenize)(texts)
-
-
 def _input_names(model: "SentenceTransformer") -> list[str]:
-    features = _features(model, ["a"])
+    features = tokenized(model, ["a"])
     return [k for k in ("input_ids", "attention_mask", "token_type_ids") if k in features]
 
 
@@ -234,7 +234,7 @@ def _export(model: "SentenceTransformer", key: dict, folder: Path) -> None:
         def forward(self, *inputs):
             return self.st(dict(zip(names, inputs)))[_OUTPUT]
 
-    example = _features(model, ["an example passage to trace", "a second one"])
+    example = tokenized(model, ["an example passage to trace", "a second one"])
     args = tuple(example[n] for n in names)
     axes = {n: {0: "batch", 1: "sequence"} for n in names} | {_OUTPUT: {0: "batch"}}
     graph = folder / "model.onnx"
@@ -250,6 +250,7 @@ def _export(model: "SentenceTransformer", key: dict, folder: Path) -> None:
                          extra_options={"DefaultTensorType": 1})  # 1: float, for outputs shape inference cannot type
         graph.unlink()
         file = "model-int8.onnx"
+    write_text_files(model, folder)
     write_json(folder / META, dict(key, file=file, inputs=names, sha256=_tree_digest(folder)))
 
 
@@ -277,16 +278,22 @@ def _verified(folder: Path, key: dict) -> dict | None:
     return meta
 
 
+def finished_export(ref: "ModelRef", backend: str, paths: "Paths") -> tuple[Path, dict, dict | None]:
+    """``(folder, key, meta)`` of the model's export for ``backend``; ``meta`` is ``None`` unless the export there is
+    complete and verified (:func:`_verified`). Needs neither the model nor PyTorch."""
+    key = _export_key(ref, backend)
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    folder = paths.model_export(ref.key, backend, digest)
+    return folder, key, _verified(folder, key)
+
+
 def onnx_export(model: "SentenceTransformer", ref: "ModelRef", backend: str, paths: "Paths") -> tuple[Path, dict]:
     """The verified export of ``model`` for ``backend`` (``onnx`` or ``onnx-int8``), exported on first use.
 
     Returns:
         ``(folder, meta)``; ``meta["file"]`` is the graph to run, ``meta["inputs"]`` its input names.
     """
-    key = _export_key(ref, backend)
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    folder = paths.model_export(ref.key, backend, digest)
-    meta = _verified(folder, key)
+    folder, key, meta = finished_export(ref, backend, paths)
     if meta is not None:
         return folder, meta
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -301,67 +308,6 @@ def onnx_export(model: "SentenceTransformer", ref: "ModelRef", backend: str, pat
             if meta is None:
                 raise PgrankError(f"{folder}: the export did not verify after writing it")
     return folder, meta
-
-
-class OnnxEncoder:
-    """A sentence-transformers model's ``encode_query`` / ``encode_document`` run by ONNX Runtime.
-
-    The model's tokenizer, truncation length and prompts are used as sentence-transformers uses them;
-    texts run one at a time (:meth:`_encode`), ``threads`` of them at once, each on one core.
-    """
-
-    def __init__(self, model: "SentenceTransformer", graph: Path, inputs: list[str], threads: int):
-        import onnxruntime as ort
-
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = 1  # one text per run, one core per run: parallel over texts instead
-        options.inter_op_num_threads = 1
-        self.model, self.inputs, self.threads = model, inputs, max(1, threads)
-        self.session = ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
-
-    @property
-    def device(self):
-        import torch
-
-        return torch.device("cpu")
-
-    def _feed(self, text: str) -> dict[str, np.ndarray]:
-        features = _features(self.model, [text])
-        return {n: features[n].numpy().astype(np.int64) for n in self.inputs}
-
-    def _run(self, feed: dict[str, np.ndarray]) -> np.ndarray:
-        (emb,) = self.session.run([_OUTPUT], feed)
-        return emb[0]
-
-    def _encode(self, texts, prompt: str) -> np.ndarray:
-        """One text per run: no padding, and an int8 embedding (one activation scale per run) depends on its
-        text alone, not on the batch it came in.
-
-        ``threads`` runs go at once on one shared session (ONNX Runtime's ``run`` is thread-safe and releases
-        the GIL), each single-threaded; texts are tokenized in the calling thread, as the tokenizer is not
-        safe to share across threads. A text's embedding is the same whatever the thread count (tested).
-        ``python bench/backends.py`` measures the rates (docs/results.md)."""
-        # sentence-transformers 6 renamed get_sentence_embedding_dimension (deprecated there) to get_embedding_dimension
-        dimension = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
-        out = np.empty((len(texts), dimension()), np.float32)
-        if self.threads == 1 or len(texts) < 2:
-            for i, text in enumerate(texts):
-                out[i] = self._run(self._feed(prompt + text))
-            return out
-        from concurrent.futures import ThreadPoolExecutor
-
-        window = 64 * self.threads  # texts tokenized ahead of the runs: bounded, whatever len(texts)
-        with ThreadPoolExecutor(min(self.threads, len(texts)), thread_name_prefix="pgrank-onnx") as pool:
-            for lo in range(0, len(texts), window):
-                part = texts[lo : lo + window]
-                out[lo : lo + len(part)] = np.stack(list(pool.map(self._run, (self._feed(prompt + t) for t in part))))
-        return out
-
-    def encode_query(self, texts, **_) -> np.ndarray:
-        return self._encode(list(texts), task_prompt(self.model, "query") or "")
-
-    def encode_document(self, texts, **_) -> np.ndarray:
-        return self._encode(list(texts), task_prompt(self.model, "document") or "")
 
 
 class AutocastEncoder:
@@ -395,16 +341,25 @@ def load_inference_encoder(name, models: "ModelsConfig", paths: "Paths", *, devi
     Returns:
         ``(encoder, backend)``: an object with ``encode_query`` / ``encode_document`` (a plain
         :class:`SentenceTransformer` for ``torch``) and the backend it runs.
+
+    An ONNX backend whose export is there already runs from the export alone (:meth:`OnnxEncoder.from_folder`):
+    the model is loaded, with PyTorch and sentence-transformers, only to export it.
     """
-    import torch
-
-    from pgrank.models.loading import load_encoder
-
     from pgrank.models.names import resolve_model
 
     ref = name if not isinstance(name, str) else resolve_model(name, models)
     backend = backend or effective_backend(ref, models, device)
     on_cpu = backend.startswith("onnx")
+    if on_cpu:
+        folder, _, meta = finished_export(ref, backend, paths)
+        encoder = meta and OnnxEncoder.from_folder(folder, meta, cpu_threads(), max_seq_length=max_seq_length,
+                                                   name=ref.name)
+        if encoder:
+            return encoder, backend
+    import torch
+
+    from pgrank.models.loading import load_encoder
+
     model = load_encoder(ref, models, device="cpu" if on_cpu else device, max_seq_length=max_seq_length)
     if backend == "torch":
         return model, backend
@@ -413,4 +368,15 @@ def load_inference_encoder(name, models: "ModelsConfig", paths: "Paths", *, devi
             return model.to(torch.bfloat16), backend
         return AutocastEncoder(model), backend
     folder, meta = onnx_export(model, ref, backend, paths)
-    return OnnxEncoder(model, folder / meta["file"], meta["inputs"], torch.get_num_threads()), backend
+    threads = torch.get_num_threads()
+    encoder = OnnxEncoder.from_folder(folder, meta, threads, max_seq_length=model.max_seq_length, name=ref.name)
+    return encoder or OnnxEncoder.from_model(model, folder / meta["file"], meta["inputs"], threads), backend
+
+
+def cpu_threads() -> int:
+    """The threads ONNX runs use: PyTorch's intra-op count where PyTorch is loaded, else ``OMP_NUM_THREADS``, else
+    the cores this process may run on (an embedding does not depend on it; only the time does)."""
+    if "torch" in sys.modules:
+        return sys.modules["torch"].get_num_threads()
+    omp = os.environ.get("OMP_NUM_THREADS", "")
+    return int(omp) if omp.isdigit() and int(omp) > 0 else len(os.sched_getaffinity(0))

@@ -44,7 +44,7 @@ def use_tf32() -> None:
     torch.backends.cudnn.allow_tf32 = True
 
 
-def _position_limit(model: "SentenceTransformer") -> int | None:
+def position_limit(model: "SentenceTransformer") -> int | None:
     """The longest input the model's position embeddings allow (None: no fixed limit, e.g. T5)."""
     config = getattr(getattr(model[0], "auto_model", None), "config", None)
     limit = getattr(config, "max_position_embeddings", None)
@@ -100,7 +100,7 @@ def load_encoder(
     if model.device.type == "cuda":
         use_tf32()
     if max_seq_length is not None:
-        limit = _position_limit(model)
+        limit = position_limit(model)
         if limit is not None and max_seq_length > limit:
             log.warning("%s: max_seq_length %d exceeds its %d positions; using %d", ref.name, max_seq_length, limit, limit)
             max_seq_length = limit

@@ -230,7 +230,7 @@ def always_changed(ws: Path) -> set[str]:
 
 
 def snapshot(*folders: Path) -> dict[str, str]:
-    """``{path: sha256}`` of every file under ``folders`` but DVC's own folder, MLflow's store, (size, mtime)
+    """``{path: sha256}`` of every file under ``folders`` but DVC's own folder, MLflow's store and artifacts, (size, mtime)
     checksum caches and ``timings/`` (wall-time measurements, outside DVC by design: ``Paths.timings``); symbolic links by target; ``dvc.lock`` by its entries (their order
     is the order stages last ran in)."""
     files = {}
@@ -238,7 +238,7 @@ def snapshot(*folders: Path) -> dict[str, str]:
         for path in sorted(folder.rglob("*")):
             rel = f"{folder.name}/{path.relative_to(folder)}"
             parts = path.relative_to(folder).parts
-            if parts[0] in (".dvc", "mlruns", "timings") or parts[0].startswith("mlflow.db") or MTIME_CACHES.search(rel):
+            if parts[0] in (".dvc", "mlruns", "mlartifacts", "timings") or parts[0].startswith("mlflow.db") or MTIME_CACHES.search(rel):
                 continue
             if path.is_symlink():
                 files[rel] = "-> " + os.readlink(path)

@@ -205,7 +205,8 @@ def test_an_export_is_built_once_reused_and_rebuilt_when_a_file_no_longer_matche
     [folder] = (paths.embeddings / "exports").iterdir()
     meta = json.loads((folder / "meta.json").read_text())
     graph = folder / meta["file"]
-    assert meta["backend"] == "onnx-int8" and meta["isa"] == int8_isa() and set(meta["sha256"]) == {meta["file"]}
+    assert meta["backend"] == "onnx-int8" and meta["isa"] == int8_isa()
+    assert set(meta["sha256"]) == {meta["file"], "tokenizer.json", "text.json"}
     stamp = graph.stat().st_mtime_ns
     load_inference_encoder(str(tiny_model_dir), models, paths, backend="onnx-int8")
     assert graph.stat().st_mtime_ns == stamp  # reused, not exported again
@@ -236,3 +237,63 @@ def test_corpus_embeddings_are_keyed_by_backend(tmp_path, tiny_model_dir):
     assert arts["torch"].meta["model"] == ref.key and arts["onnx"].meta["model"] == embedding_key(ref, "onnx")
     a, b = arts["torch"].rows(0, len(TEXTS)), arts["onnx"].rows(0, len(TEXTS))
     np.testing.assert_allclose(a, b, atol=2e-3)  # float16 shards of the same embeddings
+
+
+def test_a_finished_export_encodes_alone_with_the_ids_sentence_transformers_gives(tmp_path, tiny_model_dir):
+    """The export's tokenizer and text settings give each text the ids ``preprocess`` gives it (prompt, special tokens,
+    truncation at the asked length), so the export alone encodes as the loaded model's tokenization does."""
+    import shutil
+
+    from pgrank.models.backends import finished_export
+    from pgrank.models.loading import load_encoder
+    from pgrank.models.onnx_encoder import features
+
+    folder = tmp_path / "prompted"
+    shutil.copytree(tiny_model_dir, folder)
+    cfg_path = folder / "config_sentence_transformers.json"
+    cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+    cfg["prompts"] = {"query": "query: ", "document": "passage: "}
+    cfg_path.write_text(json.dumps(cfg))
+    models, paths = ModelsConfig(), paths_at(tmp_path)
+    ref = resolve_model(str(folder), models)
+    first, _ = load_inference_encoder(ref, models, paths, backend="onnx", max_seq_length=16)  # exports
+    export, _, meta = finished_export(ref, "onnx", paths)
+    texts = [*TEXTS, "", "  spaces\tand\nnew lines  ", "Ünïcödé façade naïve café", "word " * 40]
+    for length in (16, 64, 500):  # 500: over the tiny model's 128 positions, capped as load_encoder caps it
+        model = load_encoder(ref, models, device="cpu", max_seq_length=length)
+        alone = OnnxEncoder.from_folder(export, meta, 1, max_seq_length=length)
+        for text in texts:
+            for task in ("query", "document"):
+                prompt = alone.prompts[task]
+                want = {n: features(model, [prompt + text])[n].numpy().tolist() for n in meta["inputs"]}
+                got = {n: a.tolist() for n, a in alone._tokenize(prompt + text).items()}
+                assert got == want, (length, task, text)
+    model = load_encoder(ref, models, device="cpu", max_seq_length=16)
+    by_model = OnnxEncoder.from_model(model, export / meta["file"], meta["inputs"], 1)
+    for task in ("encode_query", "encode_document"):
+        np.testing.assert_array_equal(getattr(first, task)(TEXTS), getattr(by_model, task)(TEXTS))
+    assert OnnxEncoder.from_folder(export, meta, 1, max_seq_length=None) is None  # the model's default is the model's
+
+
+def test_a_stage_that_reuses_an_export_imports_neither_torch_nor_sentence_transformers(tmp_path, tiny_model_dir):
+    import subprocess
+    import sys
+
+    models, paths = ModelsConfig(), paths_at(tmp_path)
+    loaded, _ = load_inference_encoder(str(tiny_model_dir), models, paths, backend="onnx", max_seq_length=32)
+    np.save(tmp_path / "want.npy", loaded.encode_document(TEXTS))
+    script = f"""
+import sys
+import numpy as np
+from pgrank.config import ModelsConfig
+from pgrank.models.backends import load_inference_encoder
+from pathlib import Path
+from pgrank.paths import Paths
+paths = Paths(root=Path({str(paths.root)!r}), data=Path({str(paths.data)!r}), embeddings=Path({str(paths.embeddings)!r}))
+encoder, backend = load_inference_encoder({str(tiny_model_dir)!r}, ModelsConfig(), paths, backend="onnx", max_seq_length=32)
+np.testing.assert_array_equal(encoder.encode_document({TEXTS!r}), np.load({str(tmp_path / "want.npy")!r}))
+print(sorted(m for m in ("torch", "sentence_transformers", "transformers") if m in sys.modules))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[-2] == "[]"

@@ -48,7 +48,6 @@ from pgrank.data.beir import document_text
 from pgrank.data.corpus_store import CorpusStore
 from pgrank.errors import DataError
 from pgrank.data.token_store import TokenStore
-from pgrank.models.packing import enable_packing_for
 from pgrank.retrieval.dense.encoding import encode_documents, encode_token_rows, encodes_tokens, encoding_devices
 from pgrank.retrieval.dense.token_pool import TokenPool
 
@@ -251,6 +250,8 @@ def _build(load_model, model_key, num_docs: int, texts, folder: Path, *, corpus_
                     if devices:
                         token_pool = TokenPool(model, ids, devices, budget=budget)
                     else:
+                        from pgrank.models.packing import enable_packing_for  # PyTorch: only where it encodes
+
                         enable_packing_for(model, ids)
                 else:
                     devices = (encoding_devices(remaining, processes_per_gpu)
@@ -365,6 +366,8 @@ class SubsetEmbeddings:
         self._vectors = None
         ids = tokens(model) if tokens is not None and encodes_tokens(model) else None  # None: not built
         if ids is not None:
+            from pgrank.models.packing import enable_packing_for
+
             enable_packing_for(model, ids)
         budget = batch_size * (max_seq_length or (ids.max_length if ids is not None else 0))
         bar = tqdm(total=len(self.rows), unit="doc", desc="Encoding candidates", disable=not show_progress)

@@ -59,11 +59,12 @@ def encodes_tokens(model) -> bool:
     sentence-transformers model with a tokenizer (not an ONNX or OpenVINO export). A token store holds the task's
     prompt as ``encode_document`` puts it (:func:`pgrank.data.token_store.task_prompt`), and its layout the prompt's
     length for pooling that leaves the prompt out."""
-    import torch
+    import sys
 
     from pgrank.data.token_store import text_modules
 
-    if not isinstance(model, torch.nn.Module):  # pgrank's own ONNX encoder (pgrank.models.backends)
+    torch = sys.modules.get("torch")  # a PyTorch model has imported it; an ONNX export run alone has not
+    if torch is None or not isinstance(model, torch.nn.Module):  # pgrank's own ONNX encoder (pgrank.models.backends)
         return False
     modules = text_modules(model)
     return bool(modules) and all(isinstance(getattr(m, "auto_model", None), torch.nn.Module) for m in modules)
