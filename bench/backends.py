@@ -52,15 +52,17 @@ def throughput(params, paths, model: str, texts: list[str], backends: list[str],
     return rates
 
 
-def arithmetic(params, paths, model: str, texts: list[str]) -> dict:
+def arithmetic(params, paths, model: str, texts: list[str], backends: list[str]) -> dict:
     """The model's weight products per passage (every tenth passage, each encoded alone by torch: no padding) and the
-    CPU's dense-product TFLOPs in each precision a backend runs."""
+    CPU's dense-product TFLOPs in each precision the measured backends run (bfloat16's only where one runs it: without
+    AMX it is emulated, and its peak takes minutes to measure)."""
     from pgrank.models.backends import load_inference_encoder
 
     encoder, _ = load_inference_encoder(model, params.models, paths, max_seq_length=256, backend="torch")
     sample = texts[::10]
     counted = counted_flops(lambda: [encoder.encode_document([t], batch_size=1) for t in sample])
-    peaks = {dtype: round(measured_peak("cpu", dtype, seconds=1.0, n=2048), 4) for dtype in sorted(set(PRECISION.values()))}
+    precisions = sorted({PRECISION[b] for b in backends if b in PRECISION})
+    peaks = {dtype: round(measured_peak("cpu", dtype, seconds=1.0, n=2048), 4) for dtype in precisions}
     print(f"  {counted / len(sample) / 1e9:.2f} GFLOP a passage; dense products: {peaks} TFLOPs", flush=True)
     return {"flops_per_doc": counted / len(sample), "sampled": len(sample),
             "tokens_per_doc": real_tokens(encoder, texts), "peak_tflops": peaks}
@@ -104,7 +106,7 @@ def main() -> None:
     _, texts = next(store.text_blocks(0, min(args.docs, len(store)), block=args.docs))
     print(f"  throughput: {len(texts)} SciFact passages", flush=True)
     rates = throughput(params, paths, args.model, texts, args.backends, args.repeats, args.batch_size)
-    record["arithmetic"] = arithmetic(params, paths, args.model, texts)
+    record["arithmetic"] = arithmetic(params, paths, args.model, texts, args.backends)
     work = record["arithmetic"]
     record["throughput"] = {"passages": len(texts), "tokens": 256, "batch": args.batch_size, "repeats": args.repeats,
                             "backends": [{"backend": b, "docs_per_s": r, **floor_share(work, b, r)}
