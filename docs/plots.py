@@ -31,6 +31,7 @@ FIGURES = {
     "halves.png": ("docs/findings/halves.md", "variants-demo-halves.json"),
     "objectives.png": ("docs/findings/objectives.md", "variants-compare.json"),
     "demo-time.png": ("docs/findings/demo-time.md", "demo_time-amx-auto.json"),
+    "forgetting-guard.png": ("docs/findings/forgetting-guard.md", "variants-demo-forgetting-guard.json"),
 }
 HALVES = {"halves:scifact": "scifact half documents", "halves:nfcorpus": "NFCorpus half documents"}
 
@@ -232,6 +233,31 @@ def halves_chart(record: dict):
     return fig
 
 
+def guard_chart(record: dict, labelled: dict | None = None):
+    """Test changes per guard, ± sd over seeds: the labelled guard (the demo's record) beside each variant of the
+    guard record, in domain and on each out-of-domain set's first stage."""
+    import matplotlib.style
+    from matplotlib.figure import Figure
+
+    labelled = labelled or read_record("variants-demo-ood.json")
+    cells = {"scifact/rerank": "scifact test (in domain)", "nfcorpus/full": "NFCorpus test, first stage",
+             "dbpedia/full": "DBPedia report half, first stage"}
+    bars = {"labelled guard (the demo)": (labelled, "demo")}
+    bars.update({name: (record, name) for name in _order(record)})
+    with matplotlib.style.context("default"):
+        fig = Figure(figsize=(12, 0.5 * len(bars) + 1.8), layout="constrained")
+        axes = fig.subplots(1, len(cells), squeeze=False).ravel()
+        for ax, (cell, label) in zip(axes, cells.items()):
+            values = [_changes(rec, cell)[name] for rec, name in bars.values()]
+            ax.barh(list(bars), [v[0] for v in values], xerr=[v[1] for v in values], capsize=3,
+                    color=["tab:grey", *["tab:blue"] * (len(bars) - 1)])
+            if cell != "scifact/rerank":
+                ax.axvline(-0.003, color="tab:red", linewidth=0.8, linestyle="--")
+            _change_axis(ax, label)
+        fig.suptitle("Test changes by guard (reported, never used to choose): mean ± sd over seeds; dashed: −0.003")
+    return fig
+
+
 def export_chart(record: dict, int8: dict | None = None):
     """The policy's gain over the warm start on each test set in the first stage, as ``pgrank evaluate`` measured it
     and with both models loaded in plain sentence-transformers: the demo's float32 documents (``record``) and, beside
@@ -315,6 +341,7 @@ DRAW = {
     "halves.png": validation_chart,
     "objectives.png": objectives_chart,
     "demo-time.png": demo_time_chart,
+    "forgetting-guard.png": guard_chart,
 }
 
 

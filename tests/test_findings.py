@@ -260,3 +260,18 @@ def test_sphinx_markup_reaches_the_generated_pages_as_plain_code():
     assert generate.plain_code("(:mod:`pgrank.paths`, ``flows/x.py``, :func:`~a.b`)") == "(`pgrank.paths`, `flows/x.py`, `a.b`)"
     for page, text in generate.generate().items():
         assert not re.search(r":(?:mod|func|class|meth|attr|data):`", text), page
+
+
+def test_the_guard_page_compares_guards_over_one_training():
+    """The forgetting-guard page sets the labelled guard (the demo's record) beside the label-free guards of another
+    record: each seed of the two records trained alike, so that only the selection differs (the same validation figures
+    at every epoch and mixture), and no guard is the labelled guard's choice at every seed."""
+    blocks = _load("blocks")
+    demo, guard = _record("variants-demo-ood.json"), _record("variants-demo-forgetting-guard.json")
+    shared = ["val_ndcg@10", "val_nfcorpus/dev_ndcg@10", "val_dbpedia/dev_ndcg@10"]
+    trained = {r["seed"]: r["history"] for r in demo["runs"]}
+    for run in guard["runs"]:
+        mine = [[round(row[k], 10) for k in shared] for row in run["history"]]
+        assert mine == [[round(row[k], 10) for k in shared] for row in trained[run["seed"]]], (run["variant"], run["seed"])
+    assert blocks.no_guard_is_the_labelled_guard(demo)
+    assert {r["variant"] for r in guard["runs"]} == set(blocks.GUARDS)
