@@ -227,7 +227,28 @@ CONFIGURATIONS = {
     "demo_time-float32-amx.json": [INT8, DEMO],
     "demo_time-amx-auto.json": [INT8, AUTO, DEMO],
     "demo_time-amx-auto-2.json": [INT8, AUTO],
+    "demo_time-split.json": ["the demo's configuration, its stages encoding from a finished ONNX export alone"],
 }
+
+
+def demo_time_split() -> str:
+    """Each timed run's wall in three (``bench/demo_time.py``): encoding, with its share of the CPU's float32 peak;
+    training; and everything else (process starts, imports, DVC, MLflow, search, evaluation's arithmetic)."""
+    rows = []
+    for path in sorted(BENCH.glob("demo_time*.json")):
+        rec = json.loads(path.read_text(encoding="utf-8"))
+        for run in (r for r in rec["runs"] if "split" in r):
+            s = run["split"]
+            share = "—" if s["encoding_peak_share"] is None else f"{100 * s['encoding_peak_share']:.1f}%"
+            rows.append(f"| `{path.name}` | {_machine_key(rec['machine'])} | {run['seconds']:.0f} | "
+                        f"{s['encoding_s']:.0f} | {share} | {s['training_s']:.0f} | {s['else_s']:.0f} | "
+                        f"{100 * s['else_share']:.1f}% |")
+    if not rows:
+        raise KeyError("no bench/out/demo_time*.json record has a split run: python bench/demo_time.py")
+    return ("`pgrank demo` from nothing, its wall in three (records `bench/out/demo_time-*.json` with a split):\n\n"
+            "| record | machine | wall s | encoding s | encoding's share of the float32 peak | training s | "
+            "everything else s | everything else, share of the wall |\n"
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n" + "\n".join(rows))
 
 
 def _machine_key(m: dict) -> str:
@@ -457,6 +478,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "export": export_table,
     "forgetting": forgetting_table,
     "demo-time": demo_time,
+    "demo-time-split": demo_time_split,
     "tools": lambda: variants_table("studies/out/variants-demo-tools-float32.json", DEMO_SETS,
                                     validation=["nfcorpus/dev", "dbpedia/dev"]),
     "tools-halves": lambda: variants_table("studies/out/variants-demo-tools-float32-halves.json", [],

@@ -80,13 +80,14 @@ class OnnxEncoder:
     """
 
     def __init__(self, graph: Path, inputs: list[str], threads: int, *, tokenize: Callable[[str], dict],
-                 prompts: dict[str, str | None], dimension: int):
+                 prompts: dict[str, str | None], dimension: int, max_seq_length: int | None):
         import onnxruntime as ort
 
         options = ort.SessionOptions()
         options.intra_op_num_threads = 1  # one text per run, one core per run: parallel over texts instead
         options.inter_op_num_threads = 1
         self.inputs, self.threads, self.dimension = inputs, max(1, threads), dimension
+        self.max_seq_length = max_seq_length  # the truncation in effect (capped at the position limit), as the model's
         self._tokenize, self.prompts = tokenize, prompts
         self.session = ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
 
@@ -97,7 +98,8 @@ class OnnxEncoder:
             return {n: tokens[n].numpy() for n in inputs}
 
         return cls(graph, inputs, threads, tokenize=tokenize, dimension=dimension_of(model),
-                   prompts={task: task_prompt(model, task) for task in ("query", "document")})
+                   prompts={task: task_prompt(model, task) for task in ("query", "document")},
+                   max_seq_length=getattr(model, "max_seq_length", None))
 
     @classmethod
     def from_folder(cls, folder: Path, meta: dict, threads: int, *, max_seq_length: int | None = None,
@@ -125,7 +127,7 @@ class OnnxEncoder:
             return {n: np.asarray([getattr(encoding, fields[n])], dtype=np.int64) for n in meta["inputs"]}
 
         return cls(folder / meta["file"], meta["inputs"], threads, tokenize=tokenize, prompts=text["prompts"],
-                   dimension=int(text["dimension"]))
+                   dimension=int(text["dimension"]), max_seq_length=int(length))
 
     @property
     def device(self):

@@ -203,7 +203,7 @@ def measure_rates(params, paths, name: str, device: str, seconds: float, *, trai
         from pgrank.models.backends import load_inference_encoder
 
         encoder, _ = load_inference_encoder(name, params.models, paths, device=device, max_seq_length=limit)
-    st = getattr(encoder, "model", encoder)  # an ONNX or autocast encoder wraps the sentence-transformers model
+    st = getattr(encoder, "model", encoder)  # an autocast encoder wraps the sentence-transformers model; ONNX's is its own
     limit = min(limit, getattr(st, "max_seq_length", None) or limit)  # capped at the model's positions when loaded
     rates = ModelRates()
     for tokens in [t for t in GRID if t <= limit]:

@@ -262,6 +262,7 @@ def test_a_finished_export_encodes_alone_with_the_ids_sentence_transformers_give
     for length in (16, 64, 500):  # 500: over the tiny model's 128 positions, capped as load_encoder caps it
         model = load_encoder(ref, models, device="cpu", max_seq_length=length)
         alone = OnnxEncoder.from_folder(export, meta, 1, max_seq_length=length)
+        assert alone.max_seq_length == model.max_seq_length == min(length, 128)
         for text in texts:
             for task in ("query", "document"):
                 prompt = alone.prompts[task]
