@@ -227,7 +227,7 @@ CONFIGURATIONS = {
     "demo_time-float32-amx.json": [INT8, DEMO],
     "demo_time-amx-auto.json": [INT8, AUTO, DEMO],
     "demo_time-amx-auto-2.json": [INT8, AUTO],
-    "demo_time-split.json": ["the demo's configuration, its stages encoding from a finished ONNX export alone"],
+    "demo_time-split.json": [DEMO],
 }
 
 
