@@ -178,7 +178,8 @@ def test_backends_encode_like_torch(tmp_path, tiny_model_dir, backend, floor):
         assert cosine(emb, ref).min() >= floor
 
 
-def test_prompts_apply_as_in_sentence_transformers(tmp_path, tiny_model_dir):
+def _prompted(tmp_path: Path, tiny_model_dir: Path) -> Path:
+    """The tiny model with query and document prompts in its sentence-transformers configuration."""
     import shutil
 
     folder = tmp_path / "prompted"
@@ -187,6 +188,11 @@ def test_prompts_apply_as_in_sentence_transformers(tmp_path, tiny_model_dir):
     cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
     cfg["prompts"] = {"query": "query: ", "document": "passage: "}
     cfg_path.write_text(json.dumps(cfg))
+    return folder
+
+
+def test_prompts_apply_as_in_sentence_transformers(tmp_path, tiny_model_dir):
+    folder = _prompted(tmp_path, tiny_model_dir)
     models, paths = ModelsConfig(), paths_at(tmp_path)
     torch_model, _ = load_inference_encoder(str(folder), models, paths, device="cpu", backend="torch")
     encoder, _ = load_inference_encoder(str(folder), models, paths, device="cpu", backend="onnx")
@@ -242,18 +248,11 @@ def test_corpus_embeddings_are_keyed_by_backend(tmp_path, tiny_model_dir):
 def test_a_finished_export_encodes_alone_with_the_ids_sentence_transformers_gives(tmp_path, tiny_model_dir):
     """The export's tokenizer and text settings give each text the ids ``preprocess`` gives it (prompt, special tokens,
     truncation at the asked length), so the export alone encodes as the loaded model's tokenization does."""
-    import shutil
-
     from pgrank.models.backends import finished_export
     from pgrank.models.loading import load_encoder
     from pgrank.models.onnx_encoder import features
 
-    folder = tmp_path / "prompted"
-    shutil.copytree(tiny_model_dir, folder)
-    cfg_path = folder / "config_sentence_transformers.json"
-    cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
-    cfg["prompts"] = {"query": "query: ", "document": "passage: "}
-    cfg_path.write_text(json.dumps(cfg))
+    folder = _prompted(tmp_path, tiny_model_dir)
     models, paths = ModelsConfig(), paths_at(tmp_path)
     ref = resolve_model(str(folder), models)
     first, _ = load_inference_encoder(ref, models, paths, backend="onnx", max_seq_length=16)  # exports
