@@ -196,9 +196,11 @@ def embedding_key(ref: "ModelRef", backend: str, device: str | None = None) -> s
     activation scale is the text's own.)"""
     if backend == "torch":
         return ref.key
-    suffix = {"onnx-int8": lambda: f"-{int8_isa()}", "torch-bf16": lambda: "-cuda" if on_cuda(device) else ""}.get(
-        backend, lambda: "")()
-    return f"{ref.key}+{backend}{suffix}"
+    if backend == "onnx-int8":
+        return f"{ref.key}+{backend}-{int8_isa()}"
+    if backend == "torch-bf16":
+        return f"{ref.key}+{backend}{'-cuda' if on_cuda(device) else ''}"
+    return f"{ref.key}+{backend}"
 
 
 def _export_key(ref: "ModelRef", backend: str) -> dict:

@@ -44,6 +44,15 @@ def use_tf32() -> None:
     torch.backends.cudnn.allow_tf32 = True
 
 
+def capped_length(name: str, max_seq_length: int, limit: int | None) -> int:
+    """``max_seq_length`` capped at a model's position ``limit`` (BERT-like models cannot read past it), with a
+    warning where it is."""
+    if limit is not None and max_seq_length > limit:
+        log.warning("%s: max_seq_length %d exceeds its %d positions; using %d", name, max_seq_length, limit, limit)
+        return limit
+    return max_seq_length
+
+
 def position_limit(model: "SentenceTransformer") -> int | None:
     """The longest input the model's position embeddings allow (None: no fixed limit, e.g. T5)."""
     config = getattr(getattr(model[0], "auto_model", None), "config", None)
@@ -100,10 +109,7 @@ def load_encoder(
     if model.device.type == "cuda":
         use_tf32()
     if max_seq_length is not None:
-        limit = position_limit(model)
-        if limit is not None and max_seq_length > limit:
-            log.warning("%s: max_seq_length %d exceeds its %d positions; using %d", ref.name, max_seq_length, limit, limit)
-            max_seq_length = limit
+        max_seq_length = capped_length(ref.name, max_seq_length, position_limit(model))
         try:
             model.max_seq_length = max_seq_length
         except AttributeError:  # a model without a truncation length (StaticEmbedding) reads whole texts

@@ -19,7 +19,6 @@ tokenizer, gets no such files and tokenizes through the loaded model instead.
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -28,11 +27,10 @@ import numpy as np
 
 from pgrank.atomic import write_json
 from pgrank.data.token_store import task_prompt
+from pgrank.models.loading import capped_length, position_limit
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
-
-log = logging.getLogger(__name__)
 
 TOKENIZER = "tokenizer.json"
 TEXT = "text.json"
@@ -113,10 +111,7 @@ class OnnxEncoder:
         from tokenizers import Tokenizer
 
         text = json.loads((folder / TEXT).read_text(encoding="utf-8"))
-        length, limit = max_seq_length, text["position_limit"]
-        if limit is not None and max_seq_length > limit:
-            log.warning("%s: max_seq_length %d exceeds its %d positions; using %d", name, max_seq_length, limit, limit)
-            length = limit
+        length = capped_length(name, max_seq_length, text["position_limit"])
         tokenizer = Tokenizer.from_file(str(folder / TOKENIZER))
         tokenizer.enable_truncation(int(length), strategy="longest_first", direction=text["truncation_side"])
         tokenizer.no_padding()
