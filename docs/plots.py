@@ -20,8 +20,8 @@ PUBLISHED = ROOT / "pgrank" / "reporting" / "published.yaml"
 
 # {PNG name: (the page that shows it, the record it is drawn from)}; each page names the same record.
 FIGURES = {
-    "headline.png": ("README.md", "variants-demo-ood.json"),
-    "demo-validation.png": ("docs/findings/demo.md", "variants-demo-ood.json"),
+    "headline.png": ("README.md", "variants-demo-test.json"),
+    "demo-validation.png": ("docs/findings/demo.md", "variants-demo-test.json"),
     "export.png": ("docs/findings/export.md", "exported_policy-demo.json"),
     "kl-tradeoff.png": ("docs/findings/tools.md", "variants-demo-tools-float32.json"),
     "nfcorpus-train.png": ("docs/findings/nfcorpus-train.md", "variants-demo-tools-nfcorpus-train.json"),
@@ -79,8 +79,9 @@ def validation_chart(record: dict):
                 rows = [row for row in run["history"] if row.get("alpha", 1.0) == 1.0 and key in row]
                 ax.plot([row["epoch"] for row in rows], [row[key] for row in rows], marker="o",
                         label=f"seed {run['seed']}")
-            ax.set_title("scifact validation (in domain)" if _in_domain(key)
-                         else key.removeprefix("val_").removesuffix("_ndcg@10") + " (out of domain)")
+            name = key.removeprefix("val_").removesuffix("_ndcg@10")
+            ax.set_title("scifact validation (in domain)" if _in_domain(key) else
+                         f"{name} (half documents)" if "-halves/" in name else f"{name} (out of domain)")
             ax.set_xlabel("epoch (0: the warm start)")
             ax.grid(alpha=0.3)
         axes[0].set_ylabel("nDCG@10")
@@ -234,7 +235,7 @@ def halves_chart(record: dict):
 
 
 def guard_chart(record: dict, labelled: dict | None = None):
-    """Test changes per guard, ± sd over seeds: the labelled guard (the demo's record) beside each variant of the
+    """Test changes per guard, ± sd over seeds: the labelled guard (its own record) beside each variant of the
     guard record, in domain and on each out-of-domain set's first stage."""
     import matplotlib.style
     from matplotlib.figure import Figure
@@ -242,7 +243,7 @@ def guard_chart(record: dict, labelled: dict | None = None):
     labelled = labelled or read_record("variants-demo-ood.json")
     cells = {"scifact/rerank": "scifact test (in domain)", "nfcorpus/full": "NFCorpus test, first stage",
              "dbpedia/full": "DBPedia report half, first stage"}
-    bars = {"labelled guard (the demo)": (labelled, "demo")}
+    bars = {"labelled guard": (labelled, "demo")}
     bars.update({name: (record, name) for name in _order(record)})
     with matplotlib.style.context("default"):
         fig = Figure(figsize=(12, 0.5 * len(bars) + 1.8), layout="constrained")

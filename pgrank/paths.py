@@ -30,6 +30,7 @@ Layout (``root`` is per profile; ``data`` and ``embeddings`` may be shared by pr
     {root}/tables/                                                       Markdown, LaTeX, PNG
     {root}/mlflow.db                                                     default MLflow store
     {root}/mlartifacts/                                                  its artifacts (beside any sqlite store)
+    {root}/mlflow-spool/                                                 runs a stage spooled for the store (pgrank.tracking)
     {root}/gate/{run id}/                                                the frozen gate set, fetched from MLflow
     {root}/registry/{run id}/                                            a registered model version, fetched from MLflow
 """
@@ -44,6 +45,8 @@ from pgrank.config import DataConfig, PathsConfig
 
 # An sqlite MLflow store's artifacts: this folder beside its database file (pgrank.tracking.artifact_root).
 MLFLOW_ARTIFACTS = "mlartifacts"
+# Runs recorded by a stage that does not load MLflow, for the next process that opens the store (pgrank.tracking).
+MLFLOW_SPOOL = "mlflow-spool"
 
 
 # The carve-out of data.train (pgrank.download.carve_out): split name -> file name under carved_qrels.
@@ -244,6 +247,10 @@ class Paths:
     @property
     def mlflow_db(self) -> Path:
         return self.root / "mlflow.db"
+
+    @property
+    def mlflow_spool(self) -> Path:
+        return self.root / MLFLOW_SPOOL
 
     def mlflow_uri(self) -> str:
         """Absolute sqlite URI of the default store (MLflow's relative default depends on the cwd)."""

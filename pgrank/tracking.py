@@ -18,17 +18,26 @@
   whose process is gone.
 * Stopped runs: a run that a stop signal ends (Ctrl-C's ``KeyboardInterrupt`` in a stage, :class:`Stopped` in
   the pipeline driver) ends ``KILLED``, as do the running runs of the processes the stop has ended.
+* Spooled runs: importing MLflow and opening an sqlite store takes about 5 s, more than a small evaluation's
+  work. A stage run opened with ``spool=True`` inside a pipeline (DVC's ``DVC_STAGE``, or the driver's parent run in
+  the environment) does not load MLflow: the run, its nested runs, parameters, metrics and start and end times are
+  written as one JSON file to ``Paths.mlflow_spool`` when it ends (atomically; a killed stage leaves none). The next
+  process that opens the store (the ``tables`` stage, a training stage, the pipeline's parent run as it ends) writes
+  the spooled runs into it as they were, nested where they were, and removes the files
+  (:func:`flush_spool`). ``pgrank evaluate`` run by hand, outside a pipeline, logs to the store itself.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import re
 import resource
 import socket
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -40,6 +49,8 @@ from pgrank.paths import Paths
 
 PARENT_ENV = "PGRANK_MLFLOW_PARENT_RUN_ID"
 PROCESS_TAG = "pgrank.process"
+SPOOL_TAG = "pgrank.spooled"  # a spooled run's file and place in it: a reclaimed file is never written twice
+SPOOL_FORMAT = "pgrank-mlflow-spool/1"
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +94,7 @@ def configure(params: Params, paths: Paths) -> None:
     mlflow.set_tracking_uri(uri)
     experiment = mlflow.set_experiment(experiment_id=_experiment_id(params.tracking.experiment, uri))
     end_orphaned_runs(experiment.experiment_id)
+    flush_spool(paths.mlflow_spool, uri)
 
 
 def artifact_root(uri: str) -> str | None:
@@ -181,6 +193,7 @@ def stage_run(
     enabled: bool = True,
     nested: bool = True,
     resources: bool = False,
+    spool: bool = False,
 ) -> Iterator[Any]:
     """Open the MLflow run of one stage (nested under the pipeline's parent run when there is one).
 
@@ -188,12 +201,17 @@ def stage_run(
     non-zero DDP ranks), in which case every logging helper here is a no-op. ``nested=False`` opens a
     top-level run (the pipeline's parent run). ``resources=True`` (the run of a whole stage process)
     logs :func:`process_resources` when the run ends, and, when the stage succeeded, the same figures as
-    a log line.
+    a log line. ``spool=True`` spools the run inside a pipeline (see the module docstring); a run opened while a
+    spooled run is open in this process is spooled as its nested run.
     """
     failed = False
     try:
         if not enabled:
             yield None
+            return
+        if _SPOOLING or (spool and nested and (os.environ.get(PARENT_ENV) or os.environ.get("DVC_STAGE"))):
+            with _spooled(params, paths, name, log_params, tags, resources) as run:
+                yield run
             return
         import mlflow
 
@@ -222,6 +240,9 @@ def stage_run(
                     log_metrics(run, process_resources())
                 if stopped:  # KILLED, not FAILED; and so are the runs of the processes the stop ended
                     _end_killed(run)
+                if not parent:  # the pipeline's parent run: what its stages spooled goes in before it ends
+                    _as_the_store_lets(lambda: flush_spool(paths.mlflow_spool, tracking_uri(params, paths)),
+                                       "spooled runs not written", "the next process that opens the store writes them")
     except BaseException:
         failed = True  # a failing stage ends with its one error line, not a resource report after it
         raise
@@ -232,8 +253,129 @@ def stage_run(
                      used["peak_rss_mib"], used["peak_rss_children_mib"])
 
 
+class SpooledRun:
+    """A stage run recorded for the store (:func:`stage_run` with ``spool=True``): its record, and ``info.run_id``."""
+
+    def __init__(self, name: str, tags: Mapping[str, str], params: Mapping[str, str]) -> None:
+        self.record: dict[str, Any] = {"name": name, "tags": dict(tags), "params": dict(params), "metrics": {},
+                                       "artifacts": [], "children": [], "start_ms": _now_ms()}
+        self.info = type("SpooledRunInfo", (), {"run_id": None})()
+
+
+_SPOOLING: list[SpooledRun] = []  # the spooled runs open in this process, innermost last
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@contextlib.contextmanager
+def _spooled(params: Params, paths: Paths, name: str, log_params: Mapping[str, Any] | None,
+             tags: Mapping[str, str] | None, resources: bool) -> Iterator[SpooledRun]:
+    """A :class:`SpooledRun`, nested in the one open in this process if any; the outermost one is written to the
+    spool as it ends, with status ``FINISHED``, ``FAILED`` or (a stop) ``KILLED``."""
+    run = SpooledRun(name, {**dict(tags or {}), PROCESS_TAG: this_process()}, flatten(dict(log_params or {})))
+    outer = _SPOOLING[-1] if _SPOOLING else None
+    _SPOOLING.append(run)
+    status = "FAILED"
+    try:
+        yield run
+        status = "FINISHED"
+    except (KeyboardInterrupt, Stopped):
+        status = "KILLED"
+        raise
+    finally:
+        _SPOOLING.pop()
+        if resources:
+            log_metrics(run, process_resources())
+        run.record.update(status=status, end_ms=_now_ms())
+        if outer is not None:
+            outer.record["children"].append(run.record)
+        else:
+            from pgrank.atomic import write_json
+
+            write_json(paths.mlflow_spool / f"{run.record['start_ms']}-{uuid.uuid4().hex}.json",
+                       {"format": SPOOL_FORMAT, "uri": tracking_uri(params, paths),
+                        "experiment": params.tracking.experiment, "parent": os.environ.get(PARENT_ENV), "run": run.record})
+
+
+def flush_spool(folder: Path, uri: str) -> int:
+    """Write the runs spooled in ``folder`` for the store at ``uri`` into it, oldest first, and remove their files;
+    the number of files written.
+
+    A file is claimed by renaming it (one process writes it, whoever else flushes at the same time); a claim whose
+    process is gone is taken over, and then every run it holds that the store already has (tag
+    :data:`SPOOL_TAG`) is skipped, so that no run is written twice.
+    """
+    if not folder.is_dir():
+        return 0
+    written = 0
+    for file in sorted(folder.iterdir()):
+        if file.suffix == ".json":
+            resumed = False
+        elif file.suffix == ".claim" and _gone_pid(file):
+            resumed = True
+        else:
+            continue
+        claim = folder / f"{file.name.split('.')[0]}.{_claimant()}.claim"
+        try:
+            os.replace(file, claim) if resumed else os.rename(file, claim)
+        except FileNotFoundError:  # another process claimed it first
+            continue
+        record = json.loads(claim.read_text(encoding="utf-8"))
+        if record.get("format") != SPOOL_FORMAT or record["uri"] != uri:  # another store's: left for it
+            os.rename(claim, folder / f"{file.name.split('.')[0]}.json")
+            continue
+        import mlflow
+
+        client = mlflow.MlflowClient(uri)
+        _write_spooled(client, _experiment_id(record["experiment"], uri), record["run"], record["parent"],
+                       file.name.split(".")[0], resumed)
+        claim.unlink()
+        written += 1
+    return written
+
+
+def _claimant() -> str:
+    """``<host>-<pid>`` of this process, with no dot (the claim's name is ``<stem>.<claimant>.claim``)."""
+    return f"{socket.gethostname().replace('.', '_')}-{os.getpid()}"
+
+
+def _gone_pid(claim: Path) -> bool:
+    """Whether the process that claimed a spool file has ended (a claim of another machine is never taken over)."""
+    import psutil
+
+    host, _, pid = claim.name.split(".")[1].rpartition("-")
+    return host == _claimant().rpartition("-")[0] and pid.isdigit() and not psutil.pid_exists(int(pid))
+
+
+def _write_spooled(client: Any, experiment_id: str, run: Mapping[str, Any], parent: str | None, key: str,
+                   resumed: bool) -> None:
+    """One spooled run and its nested ones, into the store as they were (times, status, nesting)."""
+    from mlflow.entities import Metric, Param
+
+    if resumed and (found := client.search_runs([experiment_id], f"tags.`{SPOOL_TAG}` = '{key}'", max_results=1)):
+        run_id = found[0].info.run_id
+    else:
+        tags = {**run["tags"], SPOOL_TAG: key, **({"mlflow.parentRunId": parent} if parent else {})}
+        run_id = client.create_run(experiment_id, start_time=run["start_ms"], tags=tags, run_name=run["name"]).info.run_id
+        params = [Param(k, v) for k, v in run["params"].items()]
+        metrics = [Metric(k, v, run["end_ms"], 0) for k, v in run["metrics"].items()]
+        for i in range(0, max(len(params), len(metrics)), 100):  # MLflow caps a batch at 100 params
+            client.log_batch(run_id, metrics=metrics[i : i + 100], params=params[i : i + 100])
+        for path, artifact_path in run["artifacts"]:
+            if Path(path).is_file():
+                client.log_artifact(run_id, path, artifact_path)
+    for i, child in enumerate(run["children"]):
+        _write_spooled(client, experiment_id, child, run_id, f"{key}/{i}", resumed)
+    client.set_terminated(run_id, run["status"], end_time=run["end_ms"])
+
+
 def log_metrics(run: Any, metrics: Mapping[str, float], step: int | None = None) -> None:
     if run is None:
+        return
+    if isinstance(run, SpooledRun):
+        run.record["metrics"].update({metric_name(k): float(v) for k, v in metrics.items()})
         return
     import mlflow
 
@@ -242,6 +384,9 @@ def log_metrics(run: Any, metrics: Mapping[str, float], step: int | None = None)
 
 def log_artifact(run: Any, path: str, artifact_path: str | None = None) -> None:
     if run is None:
+        return
+    if isinstance(run, SpooledRun):  # logged from where it lies when the run is written into the store
+        run.record["artifacts"].append([str(Path(path).resolve()), artifact_path])
         return
     import mlflow
 

@@ -53,7 +53,7 @@ def test_the_headline_picture_plots_the_records_numbers():
     """The README's picture: per set, the warm start's and the policy's first-stage nDCG@10 (the policy's error bar
     its sd over seeds) are the record's, and BM25's the published table's."""
     plots = _load("plots")
-    record = _record("variants-demo-ood.json")
+    record = _record("variants-demo-test.json")
     fig = plots.headline_chart(record)
     (ax,) = fig.axes
     heights = [round(bar.get_height(), 10) for bar in ax.patches]
@@ -67,7 +67,7 @@ def test_the_headline_picture_plots_the_records_numbers():
     assert bm25 == {"scifact": 0.665, "nfcorpus": 0.325}  # the paper's appendix table, BEIR's figures
     texts = {t.get_text() for t in ax.texts}
     assert {f"{x:.3f}" for x in expected} <= texts
-    assert "studies/out/variants-demo-ood.json" in (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "studies/out/variants-demo-test.json" in (ROOT / "README.md").read_text(encoding="utf-8")
 
 
 def test_the_readme_shows_the_headline_picture_on_its_first_screen():
@@ -263,7 +263,7 @@ def test_sphinx_markup_reaches_the_generated_pages_as_plain_code():
 
 
 def test_the_guard_page_compares_guards_over_one_training():
-    """The forgetting-guard page sets the labelled guard (the demo's record) beside the label-free guards of another
+    """The forgetting-guard page sets the labelled guard (its own record) beside the label-free guards of another
     record: each seed of the two records trained alike, so that only the selection differs (the same validation figures
     at every epoch and mixture), and no guard is the labelled guard's choice at every seed."""
     blocks = _load("blocks")
@@ -275,3 +275,22 @@ def test_the_guard_page_compares_guards_over_one_training():
         assert mine == [[round(row[k], 10) for k in shared] for row in trained[run["seed"]]], (run["variant"], run["seed"])
     assert blocks.no_guard_is_the_labelled_guard(demo)
     assert {r["variant"] for r in guard["runs"]} == set(blocks.GUARDS)
+
+
+def test_the_demo_record_is_the_label_free_guard_that_the_demo_profile_sets():
+    """profiles/demo.yaml selects with the guard the forgetting-guard page keeps (its five sets at noise_se 2.326), and
+    the demo's record (the README's headline) holds that guard's runs: at every seed the same validation history and
+    the same test figures as the guard record's ``halves-guard-01``."""
+    from pgrank.config import load_params
+
+    blocks = _load("blocks")
+    params = load_params(ROOT / "params.yaml", profile="demo")
+    assert list(params.train.validation_sets) == blocks.GUARD_SETS
+    assert params.train.selection.guard == "noise" and params.train.selection.noise_se == 2.326
+    demo = _record("variants-demo-test.json")
+    guard = {r["seed"]: r for r in _record("variants-demo-forgetting-guard.json")["runs"] if r["variant"] == "halves-guard-01"}
+    assert sorted(r["seed"] for r in demo["runs"]) == sorted(guard) == [42, 43, 44]
+    for run in demo["runs"]:
+        twin = guard[run["seed"]]
+        assert run["history"] == twin["history"] and (run["epoch"], run["alpha"]) == (twin["epoch"], twin["alpha"])
+        assert {k: v["ndcg@10"] for k, v in run["test"].items()} == {k: v["ndcg@10"] for k, v in twin["test"].items()}

@@ -417,8 +417,9 @@ class ChampionConfig(Section):
 class SearchConfig(Section):
     """First-stage dense search (``pgrank.retrieval.dense.exact_search.dense_search``), for mining and evaluation."""
 
-    backend: Literal["auto", "torch", "faiss", "faiss-gpu"] = Field(
-        default="auto", description="auto: FAISS where it sees a GPU (faiss-gpu), else torch (on CUDA where torch sees a GPU; "
+    backend: Literal["auto", "torch", "numpy", "faiss", "faiss-gpu"] = Field(
+        default="auto", description="auto: FAISS where it sees a GPU (faiss-gpu); else numpy for a search of at most 2**25 "
+                                    "query-document scores (no torch import; as fast as torch on a CPU), else torch (on CUDA where torch sees a GPU; "
                                     "faster than FAISS on a CPU); all exact with index Flat")
     index: str = Field(
         default="Flat", min_length=1,

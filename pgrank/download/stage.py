@@ -97,7 +97,7 @@ def download(
     own = params.data.sources  # datasets of your own (pgrank.download.sources): read in place, or fetched from their URL
     names = with_parents(names, own)  # derived sources (halves, hash splits) come after the dataset they cut
     with tracking.stage_run(params, paths, "download", tags={"stage": "download"}, log_params={"datasets": names},
-                            enabled=params.tracking.enabled, resources=True):
+                            enabled=params.tracking.enabled, resources=True, spool=True):
         mirrored = [n for n in names if n not in own or own[n].mirror is not None]  # BEIR names, mirror zips
         source = resolve_source(mirror, params.data.mirror, config_dir=config_dir) if mirrored else None
         sums = read_sha256sums(source) if source is not None else None

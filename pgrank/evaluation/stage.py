@@ -180,7 +180,7 @@ def evaluate_dataset(params: Params, paths: Paths, system: str, dataset: str) ->
     if not splits:
         raise PgrankError(f"dataset {dataset!r} is not in data.eval_sets ({', '.join(params.data.eval_sets_by_dataset())})")
     with tracking.stage_run(params, paths, f"evaluate/{system}/{dataset}", tags={"stage": "evaluate", "system": system,
-                            "dataset": dataset}, enabled=params.tracking.enabled, resources=True):
+                            "dataset": dataset}, enabled=params.tracking.enabled, resources=True, spool=True):
         results, summary = _evaluate_dataset(params, paths, system, dataset, splits)
     write_json(paths.metrics_summary(system, dataset), summary)
     return results

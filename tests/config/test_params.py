@@ -106,7 +106,8 @@ def test_demo_profile_overlays_the_paper_params():
     assert demo.paths.root == "runs/demo" != paper.paths.root
     assert (demo.train.tower, demo.mine.candidates, demo.train.warm_starts) == ("query", 100, ["minilm"])
     assert demo.data.eval_sets == ["scifact/test", "nfcorpus/test", "dbpedia/test"]  # out of domain: the last two
-    assert demo.train.validation_sets == ["nfcorpus/dev", "dbpedia/dev"]  # dbpedia: the subset's selection half
+    assert demo.train.validation_sets == ["nfcorpus/dev", "dbpedia/dev",  # dbpedia: the subset's selection half
+                                          "scifact-halves/dev", "nfcorpus-halves/dev", "dbpedia-halves/dev"]
     assert (demo.train.selection.rule, demo.train.selection.guard) == ("guarded", "noise")
     assert demo.train.pg.utility == paper.train.pg.utility  # untouched keys keep the paper's values
     assert demo.mine.bm25 == paper.mine.bm25

@@ -238,7 +238,7 @@ def snapshot(*folders: Path) -> dict[str, str]:
         for path in sorted(folder.rglob("*")):
             rel = f"{folder.name}/{path.relative_to(folder)}"
             parts = path.relative_to(folder).parts
-            if parts[0] in (".dvc", "mlruns", "mlartifacts", "timings") or parts[0].startswith("mlflow.db") or MTIME_CACHES.search(rel):
+            if parts[0] in (".dvc", "mlruns", "mlartifacts", "mlflow-spool", "timings") or parts[0].startswith("mlflow.db") or MTIME_CACHES.search(rel):
                 continue
             if path.is_symlink():
                 files[rel] = "-> " + os.readlink(path)

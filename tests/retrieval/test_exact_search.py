@@ -1,8 +1,10 @@
 """pgrank.retrieval.dense.exact_search: one total order (score desc, id asc), streamed search equal to brute force
-with either backend (torch, FAISS), and approximate FAISS indexes in the same order."""
+with every backend (torch, NumPy, FAISS), and approximate FAISS indexes in the same order."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import warnings
 
 import numpy as np
@@ -13,7 +15,7 @@ from pgrank.errors import PgrankError
 from pgrank.retrieval.dense import exact_search
 from pgrank.retrieval.dense.exact_search import auto_search_backend, dense_search, faiss_gpu_available, resolve_backend
 
-BACKENDS = ["torch", "faiss"]
+BACKENDS = ["torch", "numpy", "faiss"]
 
 
 def brute_force(queries, corpus, doc_ids, k):
@@ -158,49 +160,62 @@ def test_exact_backends_equal_the_brute_force_bitwise_with_ties_at_the_cut_off(b
         assert ((queries @ corpus.T == kth).sum(1) > (want_s == kth).sum(1)).any()
 
 
-def test_torch_and_faiss_backends_give_the_same_rows_and_scores():
+@pytest.mark.parametrize("other", ["faiss", "numpy"])
+def test_torch_and_the_other_cpu_backends_give_the_same_rows_and_scores(other):
     rng = np.random.default_rng(3)
     corpus = rng.normal(size=(2000, 64)).astype(np.float32)
     corpus /= np.linalg.norm(corpus, axis=1, keepdims=True)
     queries = rng.normal(size=(40, 64)).astype(np.float32)
     ranks = id_ranks([f"d{i}" for i in range(2000)])
     torch_s, torch_r = dense_search(queries, blocks_of(corpus, 512), ranks, 50, backend="torch")
-    faiss_s, faiss_r = dense_search(queries, blocks_of(corpus, 512), ranks, 50, backend="faiss", use_gpu=False)
+    faiss_s, faiss_r = dense_search(queries, blocks_of(corpus, 512), ranks, 50, backend=other, use_gpu=False)
     np.testing.assert_array_equal(torch_r, faiss_r)
     np.testing.assert_allclose(torch_s, faiss_s, rtol=2e-6, atol=1e-6)  # BLAS kernels may round a few last bits apart
     # with exact arithmetic (small integers), bitwise the same scores, ties at the cut-off included
     corpus, queries = integer_corpus(rng, 300), rng.integers(-2, 3, size=(40, 16)).astype(np.float32)
     ranks = id_ranks([f"d{i}" for i in range(300)][::-1])
     torch_s, torch_r = dense_search(queries, blocks_of(corpus, 128), ranks, 20, backend="torch")
-    faiss_s, faiss_r = dense_search(queries, blocks_of(corpus, 128), ranks, 20, backend="faiss", use_gpu=False)
+    faiss_s, faiss_r = dense_search(queries, blocks_of(corpus, 128), ranks, 20, backend=other, use_gpu=False)
     np.testing.assert_array_equal(torch_r, faiss_r)
     np.testing.assert_array_equal(torch_s, faiss_s)
 
 
-def test_torch_backend_bounds_the_score_matrix_by_chunks_of_queries(monkeypatch):
+@pytest.mark.parametrize("backend", ["torch", "numpy"])
+def test_torch_and_numpy_backends_bound_the_score_matrix_by_chunks_of_queries(monkeypatch, backend):
     monkeypatch.setattr(exact_search, "SCORE_BYTES", 4 * 100 * 7)  # 7 queries per chunk of a 100-document block
     rng = np.random.default_rng(4)
     corpus, queries = integer_corpus(rng, 300), rng.integers(-2, 3, size=(30, 16)).astype(np.float32)
     doc_ids = [f"d{i:03d}" for i in range(300)][::-1]
-    chunks = list(exact_search._torch_block(queries, corpus[:100], 5))
+    chunks = list(getattr(exact_search, f"_{backend}_block")(queries, corpus[:100], 5))
     assert [c[0] for c in chunks] == [slice(lo, min(lo + 7, 30)) for lo in range(0, 30, 7)]
     corpus.setflags(write=False)  # e.g. a memory map: read through a view, without a copy or a warning
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        got_s, got_r = dense_search(queries, blocks_of(corpus, 100), id_ranks(doc_ids), 5, backend="torch")
+        got_s, got_r = dense_search(queries, blocks_of(corpus, 100), id_ranks(doc_ids), 5, backend=backend)
     want_s, want_r = brute_force(queries, corpus, doc_ids, 5)
     assert got_r.tolist() == want_r.tolist()
     np.testing.assert_array_equal(got_s, want_s)
 
 
-def test_auto_is_torch_without_faiss_gpu_and_faiss_gpu_with_it_or_faiss_for_an_approximate_index(monkeypatch):
+def test_auto_is_numpy_for_a_small_search_torch_beyond_faiss_gpu_with_it_or_faiss_for_an_approximate_index(monkeypatch):
+    small, large = exact_search.NUMPY_SCORES, exact_search.NUMPY_SCORES + 1
     if not faiss_gpu_available():
-        assert auto_search_backend() == "torch" and resolve_backend("auto") == "torch"
+        assert auto_search_backend() == "torch" and resolve_backend("auto") == "torch"  # size unknown: large
+        assert resolve_backend("auto", scores=small) == "numpy" and resolve_backend("auto", scores=large) == "torch"
     monkeypatch.setattr(exact_search, "faiss_gpu_available", lambda: True)
-    assert auto_search_backend() == "faiss-gpu" and resolve_backend("auto") == "faiss-gpu"
+    assert auto_search_backend(small) == "faiss-gpu" and resolve_backend("auto") == "faiss-gpu"
     monkeypatch.setattr(exact_search, "faiss_gpu_available", lambda: False)
     assert resolve_backend("auto") == "torch" and resolve_backend("faiss") == "faiss"
     assert resolve_backend("auto", "HNSW32") == "faiss"
+
+
+def test_a_small_search_on_a_cpu_imports_no_torch():
+    probe = ("import sys, numpy as np; from pgrank.data.runs import id_ranks; "
+             "from pgrank.retrieval.dense.exact_search import dense_search; "
+             "x = np.eye(8, dtype=np.float32); dense_search(x, [(0, x)], id_ranks(range(8)), 3); "
+             "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr[-2000:]
 
 
 def test_faiss_gpu_without_gpu_faiss_is_one_error_naming_the_setting():
@@ -248,11 +263,13 @@ def test_approximate_index_smaller_corpus_than_k():
 
 
 @pytest.mark.parametrize(("setting", "kwargs"), [
-    ("search.backend", {"backend": "numpy"}),
+    ("search.backend", {"backend": "bogus"}),
+    ("search.backend", {"backend": "numpy", "use_gpu": True}),  # numpy is CPU only
     ("search.index", {"index": "bogus"}),
     ("search.index", {"index": "PQ5"}),  # 8 dimensions are not a multiple of 5 sub-quantizers
     ("search.index", {"index": "IVF64,Flat"}),  # 20 documents cannot train 64 lists
     ("search.index", {"index": "HNSW32", "backend": "torch"}),  # torch is exact only
+    ("search.index", {"index": "HNSW32", "backend": "numpy"}),  # and so is numpy
 ])
 def test_bad_backend_or_index_names_the_setting(setting, kwargs):
     corpus = np.random.default_rng(7).normal(size=(20, 8)).astype(np.float32)

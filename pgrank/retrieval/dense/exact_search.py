@@ -11,13 +11,18 @@ tied scores. Two backends compute the same exact top k:
   on the CPU, where it measured several times faster than FAISS's ``IndexFlatIP`` (``python bench/search.py``).
 * ``faiss``: an exact ``IndexFlatIP`` per block, on all GPUs when faiss-gpu sees one, else on the CPU.
 * ``faiss-gpu``: the same, on all GPUs, and an error where FAISS has no GPU support or sees no GPU.
+* ``numpy``: the same matmul through NumPy's BLAS and ``np.argpartition``, on the CPU: as fast as torch's on a CPU
+  (``python bench/search.py``), and it needs no torch, so that a process that searches and encodes with ONNX never
+  pays torch's import (about 2 s).
 
 FAISS is an optional dependency: ``pip install 'pgrank[cpu]'`` brings faiss-cpu, ``pgrank[gpu]`` faiss-gpu
 (exactly one of the two: both ship the ``faiss`` module). ``auto`` (the default) is
-:func:`auto_search_backend`: FAISS where it sees a GPU, else torch (on CUDA where torch sees a GPU). Both widen the
-rows whose k-th and (k+1)-th scores tie to every document tied with the k-th, so that the merge applies
-the id order to all of them: both give the rows and scores of a brute-force sort. Scores are bitwise
-equal where the arithmetic is exact; otherwise the BLAS libraries under torch and FAISS may round a
+:func:`auto_search_backend`: FAISS where it sees a GPU; else numpy for a search of at most :data:`NUMPY_SCORES`
+query-document scores, torch beyond (on CUDA where torch sees a GPU: only a large search repays importing torch to
+find out whether it sees one). The choice depends on the search's size and the machine alone, so one search always runs on one
+backend. Every backend widens the rows whose k-th and (k+1)-th scores tie to every document tied with the k-th, so
+that the merge applies the id order to all of them: all give the rows and scores of a brute-force sort. Scores are
+bitwise equal where the arithmetic is exact; otherwise the BLAS libraries under torch, NumPy and FAISS may round a
 score apart by its last bit, which can swap two documents whose scores differ by that much (about
 0.1% of the entries of a top 1000 over 100k random vectors; ``python bench/search.py``).
 
@@ -45,7 +50,10 @@ from pgrank.retrieval.dense.approximate_search import import_faiss
 log = logging.getLogger(__name__)
 
 EXACT_INDEX = "Flat"  # search.index of exact search; any other index_factory string is approximate
-SCORE_BYTES = 256 * 2**20  # the torch backend's bound on one (queries x block) float32 score matrix
+SCORE_BYTES = 256 * 2**20  # the torch and numpy backends' bound on one (queries x block) float32 score matrix
+# auto's largest numpy search, in query-document scores: about a second of a CPU's search (python bench/search.py),
+# below which a GPU could not save the 2 s that importing torch takes to find out whether it sees one.
+NUMPY_SCORES = 2**25
 
 # One block's search: (queries, block, k) -> (query rows, scores, block rows) for each chunk of queries.
 BlockSearch = Callable[[np.ndarray, np.ndarray, int], Iterator[tuple[slice, np.ndarray, np.ndarray]]]
@@ -60,10 +68,13 @@ def faiss_gpu_available() -> bool:
     return hasattr(faiss, "get_num_gpus") and faiss.get_num_gpus() > 0
 
 
-def auto_search_backend() -> str:
-    """``search.backend: auto``: ``"faiss-gpu"`` where FAISS sees a GPU, else ``"torch"`` (on CUDA where torch sees
-    a GPU; on a CPU it is faster than FAISS)."""
-    return "faiss-gpu" if faiss_gpu_available() else "torch"
+def auto_search_backend(scores: int | None = None) -> str:
+    """``search.backend: auto`` for a search of ``scores`` query-document scores (``None``: unknown, large):
+    ``"faiss-gpu"`` where FAISS sees a GPU; else ``"numpy"`` up to :data:`NUMPY_SCORES` scores; else ``"torch"``
+    (on CUDA where torch sees a GPU; on a CPU it is faster than FAISS)."""
+    if faiss_gpu_available():
+        return "faiss-gpu"
+    return "numpy" if scores is not None and scores <= NUMPY_SCORES else "torch"
 
 
 def _with_ties(scores: np.ndarray, rows: np.ndarray, k: int, tied: dict) -> tuple[np.ndarray, np.ndarray]:
@@ -160,6 +171,34 @@ def _torch_block(queries: np.ndarray, block: np.ndarray, k: int, device: str = "
         yield (slice(lo, hi), *_with_ties(top_s, top_r, k, tied))
 
 
+def _numpy_block(queries: np.ndarray, block: np.ndarray, k: int) -> Iterator[tuple[slice, np.ndarray, np.ndarray]]:
+    """:func:`_torch_block` with NumPy on the CPU: the top k+1 of each row by ``np.argpartition``, sorted best first;
+    a row whose k-th and (k+1)-th scores tie takes every document scoring at least the k-th."""
+    n = block.shape[0]
+    chunk = max(1, SCORE_BYTES // (4 * max(n, 1)))
+    for lo in range(0, len(queries), chunk):
+        hi = min(lo + chunk, len(queries))
+        scores = queries[lo:hi] @ block.T  # (C, B)
+        if n <= k:
+            yield slice(lo, hi), scores, np.broadcast_to(np.arange(n), scores.shape).copy()
+            continue
+        top_r = np.argpartition(-scores, k, axis=1)[:, : k + 1]  # the k+1 best, in no order
+        top_s = np.take_along_axis(scores, top_r, axis=1)
+        order = np.argsort(-top_s, axis=1, kind="stable")
+        top_s, top_r = np.take_along_axis(top_s, order, axis=1), np.take_along_axis(top_r, order, axis=1)
+        tied = {}
+        for i in np.flatnonzero(top_s[:, k - 1] == top_s[:, k]):
+            keep = np.flatnonzero(scores[i] >= top_s[i, k - 1])
+            tied[i] = (scores[i, keep], keep)
+        yield (slice(lo, hi), *_with_ties(top_s, top_r.astype(np.int64), k, tied))
+
+
+def _numpy_exact(dim: int, use_gpu: bool | None) -> BlockSearch:
+    if use_gpu:
+        raise PgrankError("search.backend: numpy runs on the CPU only; set search.backend to torch or faiss-gpu for a GPU")
+    return _numpy_block
+
+
 def _faiss_exact(dim: int, use_gpu: bool | None) -> BlockSearch:
     use_gpu = faiss_gpu_available() if use_gpu is None else use_gpu
     return partial(_faiss_block, _new_index(dim, use_gpu))
@@ -187,23 +226,24 @@ def _torch_exact(dim: int, use_gpu: bool | None) -> BlockSearch:
 
 # search.backend -> (query dimension, use_gpu) -> the search of one block
 EXACT_BACKENDS: dict[str, Callable[[int, bool | None], BlockSearch]] = {
-    "torch": _torch_exact, "faiss": _faiss_exact, "faiss-gpu": _faiss_gpu_exact}
+    "torch": _torch_exact, "numpy": _numpy_exact, "faiss": _faiss_exact, "faiss-gpu": _faiss_gpu_exact}
 
 
-def resolve_backend(backend: str, index: str = EXACT_INDEX) -> str:
-    """The backend that runs ``search.backend`` / ``search.index``: ``"torch"``, ``"faiss"`` or ``"faiss-gpu"``.
+def resolve_backend(backend: str, index: str = EXACT_INDEX, scores: int | None = None) -> str:
+    """The backend that runs ``search.backend`` / ``search.index`` for a search of ``scores`` query-document scores:
+    ``"torch"``, ``"numpy"``, ``"faiss"`` or ``"faiss-gpu"``.
 
     Raises:
-        PgrankError: an unknown backend, or an approximate index with the (exact) torch backend.
+        PgrankError: an unknown backend, or an approximate index with an exact-only backend (torch, numpy).
     """
     if backend != "auto" and backend not in EXACT_BACKENDS:
         raise PgrankError(f"search.backend: unknown {backend!r} (expected auto, {', '.join(EXACT_BACKENDS)})")
     if index != EXACT_INDEX:
-        if backend == "torch":
-            raise PgrankError(f"search.index: {index!r} is an approximate FAISS index, but search.backend is torch "
+        if backend in ("torch", "numpy"):
+            raise PgrankError(f"search.index: {index!r} is an approximate FAISS index, but search.backend is {backend} "
                               f"(exact only); set search.backend to faiss or auto, or search.index to {EXACT_INDEX}")
         return "faiss"
-    return auto_search_backend() if backend == "auto" else backend
+    return auto_search_backend(scores) if backend == "auto" else backend
 
 
 def dense_search(
@@ -227,8 +267,8 @@ def dense_search(
             once (exact search).
         ranks: ``(N,)`` :func:`id_ranks` of the corpus (ties go to the smaller document id).
         k: documents per query.
-        backend: ``"torch"``, ``"faiss"``, ``"faiss-gpu"`` or ``"auto"`` (:func:`auto_search_backend`); see the module
-            docstring.
+        backend: ``"torch"``, ``"numpy"``, ``"faiss"``, ``"faiss-gpu"`` or ``"auto"`` (:func:`auto_search_backend`); see
+            the module docstring.
         use_gpu: ``True``/``False`` forces the backend onto the GPU (FAISS: all of them; torch: the first) or the
             CPU; ``None``: on a GPU where the backend sees one.
         index: ``"Flat"`` (exact) or a FAISS ``index_factory`` string of an approximate index, e.g.
@@ -244,7 +284,7 @@ def dense_search(
         PgrankError: a bad ``backend`` or ``index`` (the message names the ``search`` setting).
     """
     queries = np.ascontiguousarray(queries, dtype=np.float32)
-    chosen = resolve_backend(backend, index)
+    chosen = resolve_backend(backend, index, scores=len(queries) * len(ranks))
     if index != EXACT_INDEX:
         from pgrank.retrieval.dense.approximate_search import approximate_search
 
