@@ -304,7 +304,7 @@ def demo_time_chart(_record: dict, folder: Path = BENCH):
         for rev, configuration in zip(rec["revisions"], blocks.CONFIGURATIONS[path.name]):
             rows.append((f"{path.stem.removeprefix('demo_time-')}: {machine.split(' with ')[1]}", configuration,
                          rev["mean_seconds"]))
-    colours = {blocks.INT8: "tab:grey", blocks.AUTO: "tab:orange", blocks.DEMO: "tab:blue"}
+    colours = {blocks.INT8: "tab:grey", blocks.AUTO: "tab:orange", blocks.DEMO: "tab:blue", blocks.GUARDED: "tab:green"}
     with matplotlib.style.context("default"):
         fig = Figure(figsize=(8, 0.32 * len(rows) + 1.6), layout="constrained")
         ax = fig.subplots()

@@ -10,6 +10,7 @@ Metric names: ``ndcg@k``, ``mrr@k`` (reciprocal rank of the run cut at ``k``), `
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Mapping
 
 Run = Mapping[str, Mapping[str, float]]
@@ -22,17 +23,17 @@ def without_identical_ids(run: Run) -> dict[str, dict[str, float]]:
 
 
 def trec_eval_cut(run: Run, k: int) -> dict[str, dict[str, float]]:
-    """A copy of ``run`` cut to each query's ``k`` best documents (ties: trec_eval's order)."""
+    """A copy of ``run`` cut to each query's ``k`` best documents (ties: trec_eval's order, ``strcmp`` of the
+    document ids descending, which for UTF-8 is code point order: a longer id sorts before its own prefix)."""
     out = {}
     for qid, docs in run.items():
-        ranked = sorted(docs.items(), key=lambda kv: (-kv[1], _trec_tiebreak(kv[0])))[:k]
-        out[qid] = dict(ranked)
+        if len(docs) > k:  # only the documents scoring at least the k-th best can be cut to: sort those alone
+            kth = heapq.nlargest(k, docs.values())[-1]
+            docs = {d: s for d, s in docs.items() if s >= kth}
+        ranked = sorted(docs.items(), reverse=True)  # id descending (ids are unique), then a stable sort by score
+        ranked.sort(key=lambda kv: -kv[1])
+        out[qid] = dict(ranked[:k])
     return out
-
-
-def _trec_tiebreak(doc_id: str):
-    # trec_eval breaks score ties by document id in decreasing lexical order.
-    return tuple(-ord(c) for c in doc_id)
 
 
 def evaluate_run(

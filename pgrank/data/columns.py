@@ -64,11 +64,12 @@ class StringColumn(Sequence[str]):
             yield from self.take(range(lo, min(lo + 65536, len(self))))
 
     def take(self, rows: Iterable[int]) -> list[str]:
-        """The strings of ``rows`` (any integer iterable), in that order."""
+        """The strings of ``rows`` (any integer iterable), in that order (decoded from a memoryview of the bytes: a
+        numpy slice per string would cost a memmap object each)."""
         rows = np.asarray(rows if isinstance(rows, np.ndarray) else list(rows), dtype=np.int64)
         starts, ends = self.offsets[rows], self.offsets[rows + 1]
-        data = self.data
-        return [data[s:e].tobytes().decode("utf-8") for s, e in zip(starts.tolist(), ends.tolist())]
+        data = memoryview(np.ascontiguousarray(self.data)) if len(self.data) else memoryview(b"")
+        return [str(data[s:e], "utf-8") for s, e in zip(starts.tolist(), ends.tolist())]
 
     def encoded(self, i: int) -> bytes:
         """String ``i`` as its UTF-8 bytes."""

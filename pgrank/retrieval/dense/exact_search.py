@@ -13,7 +13,7 @@ tied scores. Two backends compute the same exact top k:
 * ``faiss-gpu``: the same, on all GPUs, and an error where FAISS has no GPU support or sees no GPU.
 * ``numpy``: the same matmul through NumPy's BLAS and ``np.argpartition``, on the CPU: as fast as torch's on a CPU
   (``python bench/search.py``), and it needs no torch, so that a process that searches and encodes with ONNX never
-  pays torch's import (about 2 s).
+  pays torch's import.
 
 FAISS is an optional dependency: ``pip install 'pgrank[cpu]'`` brings faiss-cpu, ``pgrank[gpu]`` faiss-gpu
 (exactly one of the two: both ship the ``faiss`` module). ``auto`` (the default) is
@@ -51,8 +51,8 @@ log = logging.getLogger(__name__)
 
 EXACT_INDEX = "Flat"  # search.index of exact search; any other index_factory string is approximate
 SCORE_BYTES = 256 * 2**20  # the torch and numpy backends' bound on one (queries x block) float32 score matrix
-# auto's largest numpy search, in query-document scores: about a second of a CPU's search (python bench/search.py),
-# below which a GPU could not save the 2 s that importing torch takes to find out whether it sees one.
+# auto's largest numpy search, in query-document scores: about a second of a CPU's search (python bench/search.py,
+# 3e7 scores in 0.5 s), below which a GPU could not save what importing torch costs to find out whether it sees one.
 NUMPY_SCORES = 2**25
 
 # One block's search: (queries, block, k) -> (query rows, scores, block rows) for each chunk of queries.
