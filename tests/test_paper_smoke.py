@@ -224,7 +224,7 @@ def test_each_stage_process_of_the_slice_reports_its_time_and_memory(sliced):
     groups = used["groups"]
     assert {k: g["runs"] for k, g in groups.items()} == {"download": 1, "evaluate": 18, "mine": 4, "tables": 1,
                                                               "train": 2}
-    assert all(0 < s["wall_s"] < seconds and s["peak_rss_mib"] > 100 for s in used["stages"])  # a process with torch
+    assert all(0 < s["wall_s"] < seconds and s["peak_rss_mib"] > 40 for s in used["stages"])  # a Python with numpy
     assert groups["evaluate"]["wall_s"] == pytest.approx(sum(s["wall_s"] for s in used["stages"]
                                                              if s["stage"] == "evaluate"), abs=0.5)
     assert sum(s["wall_s"] for s in used["stages"]) < seconds

@@ -78,7 +78,8 @@ def test_the_demo_downloads_from_a_mirror_of_scifact_and_nfcorpus_only(tmp_path,
     report = download(params, paths, config_dir=ROOT, progress=False)
     assert [(f.name, f.status) for f in report.datasets] == [
         ("scifact", "downloaded"), ("nfcorpus", "downloaded"), ("dbpedia-entity-subset", "validated"),
-        ("dbpedia", "validated")]
+        ("dbpedia", "validated"), ("scifact-halves", "validated"), ("nfcorpus-halves", "validated"),
+        ("dbpedia-halves", "validated")]  # the half documents are cut from the corpora, not fetched
     assert _origin(paths)["path"] == str(FOLDER / SUBSET) and _origin(paths)["sha256"] == SHIPPED[SUBSET]
     halves = {split: len((paths.dataset("dbpedia") / "qrels" / f"{split}.tsv").read_text().splitlines()) > 1
               for split in ("dev", "test")}

@@ -24,23 +24,25 @@ def test_the_demo_plan_equals_counts_done_by_hand(tmp_path):
     # nfcorpus (out of domain): 3,633 documents; dev 324 queries (validated every epoch), test 323.
     # dbpedia (out of domain): the DBPedia-Entity subset's 5,000-document pool, its 40 judged test queries cut by
     # hash into dev 20 (validated every epoch) and test 20 (reported).
+    # half documents of each corpus (validated every epoch): 300 queries among 1,000 documents of its own.
     # demo: MiniLM mines 100 candidates at length 256 (so training and evaluation reuse its embeddings),
     # tower: query, 4 epochs, 200 rankings a query, checkpoints of epochs 0, 2, 4 (query + document model).
     _, plan = _plan(tmp_path, "demo")
     lines = {line.stage: line for line in plan.lines if line.stage != "mine-train"}
     dim, size = MINILM
-    sci, nf, db = [line for line in plan.lines if line.stage == "mine-train"]  # data.train, train.validation_sets
+    sci, nf, db, *halves = [line for line in plan.lines if line.stage == "mine-train"]  # data.train, validation sets
     assert (sci.docs, sci.queries, sci.pairs) == (5_183, 809, 809 * 100)
     assert sci.disk == 809 * 100 * 5 + 5_183 * dim * 2  # a store, no TREC run of training splits
     assert (nf.docs, nf.queries, nf.pairs, nf.disk) == (3_633, 324, 32_400, 32_400 * 5 + 3_633 * dim * 2)
     assert (db.docs, db.queries, db.pairs, db.disk) == (5_000, 20, 2_000, 2_000 * 5 + 5_000 * dim * 2)
+    assert [(h.docs, h.queries, h.pairs, h.disk) for h in halves] == [(1_000, 300, 30_000, 30_000 * 5 + 1_000 * dim * 2)] * 3
     for dataset, queries in (("scifact", 300), ("nfcorpus", 323), ("dbpedia", 20)):
         mine = lines[f"mine@{dataset}"]
         assert (mine.docs, mine.queries, mine.pairs) == (0, queries, queries * 100)  # each corpus is encoded once
         assert mine.disk == queries * 100 * 5 + queries * 100 * 45  # store + TREC run
     train = lines["train@minilm-pg"]
     assert (train.docs, train.grad_docs, train.grad_queries) == (0, 0, 709 * 4)
-    assert (train.queries, train.rankings, train.pairs) == ((100 + 324 + 20) * 5, 709 * 200 * 4, 709 * 100 * 4)
+    assert (train.queries, train.rankings, train.pairs) == ((100 + 324 + 20 + 3 * 300) * 5, 709 * 200 * 4, 709 * 100 * 4)
     assert train.disk == 3 * 2 * size * 4
     other = lines["  (other reading)"]
     assert (other.grad_queries, other.rankings) == (200 * 4, 200 * 200 * 4) and "queries_per_epoch=200" in other.note
@@ -49,7 +51,7 @@ def test_the_demo_plan_equals_counts_done_by_hand(tmp_path):
     policy = lines["evaluate-policy@minilm-pg-scifact"]
     assert (policy.docs, policy.queries, policy.pairs) == (0, 600, 60_000)  # last epoch + epoch 2, rerank only
     total = totals(plan)
-    assert (total.docs, total.grad_queries, total.rankings) == (5_183 + 3_633 + 5_000, 709 * 4, 709 * 200 * 4)
+    assert (total.docs, total.grad_queries, total.rankings) == (5_183 + 3_633 + 5_000 + 3 * 1_000, 709 * 4, 709 * 200 * 4)
 
 
 def test_a_rerank_only_tower_both_policy_is_charged_its_candidates_not_its_corpus(tmp_path):
