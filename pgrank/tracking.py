@@ -40,6 +40,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from pgrank.config import Params
@@ -259,7 +260,7 @@ class SpooledRun:
     def __init__(self, name: str, tags: Mapping[str, str], params: Mapping[str, str]) -> None:
         self.record: dict[str, Any] = {"name": name, "tags": dict(tags), "params": dict(params), "metrics": {},
                                        "artifacts": [], "children": [], "start_ms": _now_ms()}
-        self.info = type("SpooledRunInfo", (), {"run_id": None})()
+        self.info = SimpleNamespace(run_id=None)  # as an MLflow run's: no id until the store writes it
 
 
 _SPOOLING: list[SpooledRun] = []  # the spooled runs open in this process, innermost last
@@ -309,7 +310,7 @@ def flush_spool(folder: Path, uri: str) -> int:
     """
     if not folder.is_dir():
         return 0
-    written = 0
+    client, experiments, written = None, {}, 0
     for file in sorted(folder.iterdir()):
         if file.suffix == ".json":
             resumed = False
@@ -317,28 +318,36 @@ def flush_spool(folder: Path, uri: str) -> int:
             resumed = True
         else:
             continue
-        claim = folder / f"{file.name.split('.')[0]}.{_claimant()}.claim"
+        stem = file.name.split(".")[0]
+        claim = folder / f"{stem}.{_claimant()}.claim"
         try:
-            os.replace(file, claim) if resumed else os.rename(file, claim)
+            os.rename(file, claim)
         except FileNotFoundError:  # another process claimed it first
             continue
         record = json.loads(claim.read_text(encoding="utf-8"))
         if record.get("format") != SPOOL_FORMAT or record["uri"] != uri:  # another store's: left for it
-            os.rename(claim, folder / f"{file.name.split('.')[0]}.json")
+            os.rename(claim, folder / f"{stem}.json")
             continue
-        import mlflow
+        if client is None:
+            import mlflow
 
-        client = mlflow.MlflowClient(uri)
-        _write_spooled(client, _experiment_id(record["experiment"], uri), record["run"], record["parent"],
-                       file.name.split(".")[0], resumed)
+            client = mlflow.MlflowClient(uri)
+        if record["experiment"] not in experiments:
+            experiments[record["experiment"]] = _experiment_id(record["experiment"], uri)
+        _write_spooled(client, experiments[record["experiment"]], record["run"], record["parent"], stem, resumed)
         claim.unlink()
         written += 1
     return written
 
 
+def _host() -> str:
+    """This machine's name with no dot (a claim's name is ``<stem>.<host>-<pid>.claim``)."""
+    return socket.gethostname().replace(".", "_")
+
+
 def _claimant() -> str:
-    """``<host>-<pid>`` of this process, with no dot (the claim's name is ``<stem>.<claimant>.claim``)."""
-    return f"{socket.gethostname().replace('.', '_')}-{os.getpid()}"
+    """``<host>-<pid>`` of this process."""
+    return f"{_host()}-{os.getpid()}"
 
 
 def _gone_pid(claim: Path) -> bool:
@@ -346,7 +355,7 @@ def _gone_pid(claim: Path) -> bool:
     import psutil
 
     host, _, pid = claim.name.split(".")[1].rpartition("-")
-    return host == _claimant().rpartition("-")[0] and pid.isdigit() and not psutil.pid_exists(int(pid))
+    return host == _host() and pid.isdigit() and not psutil.pid_exists(int(pid))
 
 
 def _write_spooled(client: Any, experiment_id: str, run: Mapping[str, Any], parent: str | None, key: str,

@@ -3,6 +3,7 @@ artifacts beside itself, wherever the process that creates its experiment runs."
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import yaml
@@ -100,7 +101,7 @@ def test_a_stage_inside_a_pipeline_spools_its_runs_without_mlflow_and_the_next_s
              "params, paths = t._params(Path({tmp!r})); t._spooled_evaluation(params, paths); "
              "print(sorted(m for m in ('mlflow', 'sqlalchemy') if m in sys.modules))")
     child = subprocess.run([sys.executable, "-c", probe.format(tests=str(Path(__file__).parent), tmp=str(tmp_path))],
-                           capture_output=True, text=True, env={**__import__("os").environ, "DVC_STAGE": "evaluate"})
+                           capture_output=True, text=True, env={**os.environ, "DVC_STAGE": "evaluate"})
     assert child.returncode == 0 and child.stdout.strip() == "[]", child.stderr[-2000:]
     assert len(list(paths.mlflow_spool.glob("*.json"))) == 1 and not paths.mlflow_db.exists()
     monkeypatch.setenv("DVC_STAGE", "evaluate")

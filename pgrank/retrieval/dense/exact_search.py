@@ -144,6 +144,13 @@ def _tensor(x: np.ndarray):
         return torch.from_numpy(x)
 
 
+def _query_chunks(queries: int, documents: int) -> Iterator[slice]:
+    """The chunks of ``queries`` rows whose score matrix against ``documents`` stays under :data:`SCORE_BYTES`."""
+    chunk = max(1, SCORE_BYTES // (4 * max(documents, 1)))
+    for lo in range(0, queries, chunk):
+        yield slice(lo, min(lo + chunk, queries))
+
+
 def _torch_block(queries: np.ndarray, block: np.ndarray, k: int, device: str = "cpu") -> Iterator[tuple[slice, np.ndarray, np.ndarray]]:
     """Top ``k`` of one block with a matmul and ``torch.topk`` on ``device``, a chunk of queries at a time.
 
@@ -154,12 +161,10 @@ def _torch_block(queries: np.ndarray, block: np.ndarray, k: int, device: str = "
 
     n = block.shape[0]
     docs = _tensor(block).to(device)
-    chunk = max(1, SCORE_BYTES // (4 * max(n, 1)))
-    for lo in range(0, len(queries), chunk):
-        hi = min(lo + chunk, len(queries))
-        scores = _tensor(queries[lo:hi]).to(device) @ docs.T  # (C, B)
+    for at in _query_chunks(len(queries), n):
+        scores = _tensor(queries[at]).to(device) @ docs.T  # (C, B)
         if n <= k:  # the block is smaller than k: everything is returned
-            yield slice(lo, hi), scores.cpu().numpy(), np.broadcast_to(np.arange(n), scores.shape).copy()
+            yield at, scores.cpu().numpy(), np.broadcast_to(np.arange(n), scores.shape).copy()
             continue
         top_s, top_r = torch.topk(scores, k + 1, dim=1)  # sorted, best first
         top_s, top_r = top_s.cpu().numpy(), top_r.cpu().numpy()
@@ -168,19 +173,17 @@ def _torch_block(queries: np.ndarray, block: np.ndarray, k: int, device: str = "
             row = scores[int(i)]
             keep = torch.nonzero(row >= float(top_s[i, k - 1])).squeeze(1)  # float32 -> float: exact
             tied[i] = (row[keep].cpu().numpy(), keep.cpu().numpy())
-        yield (slice(lo, hi), *_with_ties(top_s, top_r, k, tied))
+        yield (at, *_with_ties(top_s, top_r, k, tied))
 
 
 def _numpy_block(queries: np.ndarray, block: np.ndarray, k: int) -> Iterator[tuple[slice, np.ndarray, np.ndarray]]:
     """:func:`_torch_block` with NumPy on the CPU: the top k+1 of each row by ``np.argpartition``, sorted best first;
     a row whose k-th and (k+1)-th scores tie takes every document scoring at least the k-th."""
     n = block.shape[0]
-    chunk = max(1, SCORE_BYTES // (4 * max(n, 1)))
-    for lo in range(0, len(queries), chunk):
-        hi = min(lo + chunk, len(queries))
-        scores = queries[lo:hi] @ block.T  # (C, B)
+    for at in _query_chunks(len(queries), n):
+        scores = queries[at] @ block.T  # (C, B)
         if n <= k:
-            yield slice(lo, hi), scores, np.broadcast_to(np.arange(n), scores.shape).copy()
+            yield at, scores, np.broadcast_to(np.arange(n), scores.shape).copy()
             continue
         top_r = np.argpartition(-scores, k, axis=1)[:, : k + 1]  # the k+1 best, in no order
         top_s = np.take_along_axis(scores, top_r, axis=1)
@@ -190,7 +193,7 @@ def _numpy_block(queries: np.ndarray, block: np.ndarray, k: int) -> Iterator[tup
         for i in np.flatnonzero(top_s[:, k - 1] == top_s[:, k]):
             keep = np.flatnonzero(scores[i] >= top_s[i, k - 1])
             tied[i] = (scores[i, keep], keep)
-        yield (slice(lo, hi), *_with_ties(top_s, top_r.astype(np.int64), k, tied))
+        yield (at, *_with_ties(top_s, top_r.astype(np.int64), k, tied))
 
 
 def _numpy_exact(dim: int, use_gpu: bool | None) -> BlockSearch:
