@@ -8,6 +8,7 @@ Layout (``root`` is per profile; ``data`` and ``embeddings`` may be shared by pr
     {data}/{dataset}/corpus.jsonl, queries.jsonl, qrels/{split}.tsv     BEIR folders
     {embeddings}/{model}--L{len}--{corpus sha}/                          corpus-embedding artifact
     {embeddings}/{model}--L{len}--{corpus sha}--sparse/                  SPLADE corpus matrix (CSR shards)
+    {embeddings}/{model}--L{len}--queries/                               query embeddings, by query text
     {embeddings}/bm25--{settings}--{corpus sha}/                         BM25 index (bm25s, memory-mapped)
     {data}/.fingerprints/{dataset}.json                                  file checksums by (size, mtime)
     {data}/.stores/{dataset}--{corpus sha}/                              corpus store: ids, id lookup, line offsets
@@ -166,6 +167,11 @@ class Paths:
     # ---- mining
     def corpus_embeddings(self, model: str, max_seq_length: int, corpus_sha256: str) -> Path:
         return self.embeddings / f"{slug(model)}--L{max_seq_length}--{corpus_sha256[:16]}"
+
+    def query_embeddings(self, model: str, max_seq_length: int) -> Path:
+        """A model's kept query embeddings (:mod:`pgrank.retrieval.dense.query_embeddings`), keyed like
+        :meth:`corpus_embeddings` but for every query set at once."""
+        return self.embeddings / f"{slug(model)}--L{max_seq_length}--queries"
 
     def model_export(self, model: str, backend: str, key: str) -> Path:
         """A model exported for an inference backend (:mod:`pgrank.models.backends`); ``key``: the digest of

@@ -166,6 +166,24 @@ def test_trained_pair_and_warm_start_end_to_end(tmp_path, tiny_model_dir):
     assert len(corpus_artifacts(paths)) == 1
 
 
+def test_a_dense_system_evaluated_again_finds_its_query_vectors_kept_and_loads_no_model(tmp_path, tiny_model_dir,
+                                                                                       monkeypatch):
+    """Query vectors are kept by text per model (pgrank.retrieval.dense.query_embeddings): evaluating a system
+    again (another stage, a rerun, the gate) loads no model, and its figures and recorded backends are the same."""
+    import pgrank.models.backends as backends
+
+    name = str(tiny_model_dir)
+    params, paths = make_project(tmp_path, tiny_model_dir, overrides={
+        "data.eval_sets": ["toy/validation"], "evaluate.max_seq_length": 32, "evaluate.top_k": 20})
+    first = {r.stage: r for r in evaluate(params, paths, name, "toy/validation")}
+    before = {r.stage: json.loads((r.folder / "metrics.json").read_text()) for r in first.values()}
+    monkeypatch.setattr(backends, "load_inference_encoder", lambda *a, **k: pytest.fail("a model was loaded"))
+    again = {r.stage: r for r in evaluate(params, paths, name, "toy/validation")}
+    assert {s: r.metrics for s, r in again.items()} == {s: r.metrics for s, r in first.items()}
+    after = {r.stage: json.loads((r.folder / "metrics.json").read_text()) for r in again.values()}
+    assert after == before and after["full"]["encoding"]["queries"] == after["full"]["encoding"]["documents"]
+
+
 def test_a_query_tower_checkpoint_listed_as_a_dense_system_is_its_policy(tmp_path, tiny_model_dir):
     """A tower:query checkpoint named in evaluate.systems.dense (a registered version fetched back, the
     champion of continual retraining) scores exactly as its policy does, and its documents come from the
@@ -249,5 +267,6 @@ def test_rerank_only_checkpoints_encode_only_their_candidates(tmp_path, tiny_mod
 
 
 def corpus_artifacts(paths) -> list:
-    """The corpus-embedding artifacts built (not the ONNX exports a CPU's auto backend keeps beside them)."""
-    return [p for p in paths.embeddings.iterdir() if p.is_dir() and p.name != "exports"]
+    """The corpus-embedding artifacts built (not the ONNX exports a CPU's auto backend keeps beside them, nor the
+    query embeddings)."""
+    return [p for p in paths.embeddings.iterdir() if p.is_dir() and p.name != "exports" and not p.name.endswith("--queries")]

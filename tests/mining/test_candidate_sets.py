@@ -152,7 +152,7 @@ def test_dense_scores_of_relevant_documents_ranked_low_are_their_real_scores(toy
                                 "mine.chunk_size=7", "mine.max_seq_length=32", "models.backend=torch")
     mine(params, paths, "toy", "test", progress=False)
     sets = read_run(paths.candidates("toy", "test"))
-    emb = open_corpus_embeddings(next((toy / "embeddings").iterdir()))
+    emb = open_corpus_embeddings(next(p for p in (toy / "embeddings").iterdir() if (p / "meta.json").is_file()))
     assert emb.meta["model"] == resolve_model(str(tiny_model_dir), params.models).key
     model = load_encoder(str(tiny_model_dir), params.models, device="cpu", max_seq_length=32)
     qids, q = encode_queries(model, TOY_QUERIES, batch_size=4)
@@ -270,7 +270,7 @@ def test_dense_mining_with_real_minilm_on_a_scifact_slice(scifact, tmp_path, mon
     from pgrank.paths import slug
     from pgrank.retrieval.dense.corpus_embeddings import corpus_embedding_folder
 
-    [artifact] = [p for p in (tmp_path / "embeddings").iterdir() if p.name != "exports"]  # exports: ONNX backends
+    [artifact] = [p for p in (tmp_path / "embeddings").iterdir() if (p / "meta.json").is_file()]  # not exports, queries
     ref = resolve_model("minilm", params.models)
     backend = effective_backend(ref, params.models)  # this machine's auto backend
     key = embedding_key(ref, backend)

@@ -381,7 +381,7 @@ def test_versions_are_gated_side_by_side_on_a_frozen_gate_set_and_continual_trai
     assert (again.queries, again.qrels) == (frozen.queries, frozen.qrels) and again.note is None
     assert np.array_equal(open_candidate_store(again.candidates).rows, store.rows)
 
-    artifacts = sorted(p.name for p in paths.embeddings.iterdir() if not p.name.startswith("."))
+    artifacts = corpus_artifacts(paths)
     first_values = gate.evaluate_system(params, paths, again, v1.system)
     assert set(first_values) == set(frozen.qrels)
     assert {"ndcg@10", "mrr@10", "recall@10"} <= set(next(iter(first_values.values())))
@@ -389,11 +389,11 @@ def test_versions_are_gated_side_by_side_on_a_frozen_gate_set_and_continual_trai
     copy = shutil.copytree(tiny_model_dir, tmp_path / "both-towers")
     both = gate.evaluate_system(params, paths, again, DenseSystem("both", str(copy), str(copy)))
     assert set(both) == set(frozen.qrels)
-    assert sorted(p.name for p in paths.embeddings.iterdir() if not p.name.startswith(".")) == artifacts
+    assert corpus_artifacts(paths) == artifacts
 
     # Continual: the registered version is the warm start; its query route trains, its documents stay.
     second = train(params, paths, str(v1.folder), device="cpu", progress=False)
-    assert sorted(p.name for p in paths.embeddings.iterdir() if not p.name.startswith(".")) == artifacts
+    assert corpus_artifacts(paths) == artifacts
     meta = json.loads((second.final / "pgrank.json").read_text())
     assert meta["document_encoder"] == json.loads((first.final / "pgrank.json").read_text())["document_encoder"]
     from sentence_transformers import SentenceTransformer
@@ -561,3 +561,8 @@ def test_a_champion_that_trained_on_todays_gate_queries_cannot_be_compared_on_th
         assert champion(client, name, alias) == old.registered_version
     finally:
         mlflow.set_tracking_uri(None)
+
+
+def corpus_artifacts(paths) -> list[str]:
+    """The embeddings folder's artifacts but the query embeddings (a gate keeps its queries' vectors)."""
+    return sorted(p.name for p in paths.embeddings.iterdir() if not p.name.startswith(".") and not p.name.endswith("--queries"))

@@ -205,7 +205,7 @@ def test_query_tower_never_changes_document_embeddings(tmp_path, tiny_model_dir)
     params, paths = make_project(tmp_path, tiny_model_dir, overrides={"train.tower": "query", "train.learning_rate": 5e-3})
     name = str(tiny_model_dir)
     result = train(params, paths, name, device="cpu", progress=False)
-    (artifact,) = [p for p in paths.embeddings.iterdir() if p.is_dir() and p.name != "exports"]  # exports: ONNX backends
+    (artifact,) = [p for p in paths.embeddings.iterdir() if (p / "meta.json").is_file()]  # not exports, queries
     before = _sha(artifact)
 
     from sentence_transformers import SentenceTransformer

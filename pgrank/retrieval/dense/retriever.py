@@ -25,6 +25,7 @@ from pgrank.config import Params
 from pgrank.data.artifact_meta import META
 from pgrank.errors import PgrankError
 from pgrank.paths import Paths, parse_policy_name, split_run_key
+from pgrank.retrieval.dense.query_embeddings import QueryEmbeddings
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,7 @@ class DenseRetriever:
     def __init__(self, params: Params, paths: Paths, system: DenseSystem, dataset: str, *,
                  max_seq_length: int, batch_size: int, progress: bool = False, candidates: np.ndarray | None = None):
         from pgrank.data.corpus_store import open_corpus
-        from pgrank.models.backends import effective_backend
+        from pgrank.models.backends import effective_backend, embedding_key
         from pgrank.models.names import resolve_model
         from pgrank.retrieval.dense.corpus_embeddings import (
             VECTORS,
@@ -108,12 +109,14 @@ class DenseRetriever:
         # Models are resolved (offline copy found, safetensors only, checksum) before the corpus store is
         # built: a bad model is reported without first writing the store into {paths.data}/.stores.
         document_ref = resolve_model(system.document_model, params.models)
-        if not self._same_model:
-            resolve_model(system.query_model, params.models)
+        query_ref = document_ref if self._same_model else resolve_model(system.query_model, params.models)
         self.store = open_corpus(paths, dataset, progress=progress)
         self.doc_ids = self.store.ids
         backend = effective_backend(document_ref, params.models)
+        query_backend = backend if self._same_model else effective_backend(query_ref, params.models)
+        self._queries = QueryEmbeddings(paths.query_embeddings(embedding_key(query_ref, query_backend), max_seq_length))
         self._query_backend, self._documents = None, {"documents": backend, "document_vectors": np.dtype(VECTORS).name}
+        self._resolved_query_backend = query_backend
         artifact = corpus_embedding_folder(document_ref, backend, paths, max_seq_length=max_seq_length,
                                            corpus_sha256=self.store.sha256)
         if candidates is not None and not (artifact / META).is_file():
@@ -162,12 +165,17 @@ class DenseRetriever:
     def rows(self, doc_ids: Sequence[str]) -> np.ndarray:
         return self.store.rows(doc_ids)
 
-    def encode(self, texts: Sequence[str]) -> np.ndarray:
-        """float32 ``(Q, dim)`` query embeddings (unit length for a cosine system)."""
+    def _encode(self, texts: list[str]) -> np.ndarray:
         from pgrank.retrieval.dense.encoding import encode_queries
 
-        _, vecs = encode_queries(self._model(), dict(enumerate(texts)), batch_size=self.batch_size,
-                                 show_progress=self.progress)
+        return encode_queries(self._model(), dict(enumerate(texts)), batch_size=self.batch_size,
+                              show_progress=self.progress)[1]
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        """float32 ``(Q, dim)`` query embeddings (unit length for a cosine system): kept ones where this model
+        encoded the same texts before (:mod:`pgrank.retrieval.dense.query_embeddings`), the model for the rest."""
+        vecs = self._queries.encode(list(texts), self._encode)
+        self._query_backend = self._resolved_query_backend
         return _normalize(vecs) if self.system.similarity == "cosine" else vecs
 
     def search(self, encoded: np.ndarray, k: int, *, block_rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
