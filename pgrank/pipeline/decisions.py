@@ -250,3 +250,22 @@ def recover(client: MlflowClient, name: str, alias: str, log: Log, guard: Guard 
         guard()
         mark_logged(client, name, record, run_id)
     return pending
+
+
+GATE_SET_MODEL_TAG = "pgrank.gate_set.model"  # on a gate-set run: the registered model it was frozen for
+
+
+def settle_gate_set_runs(client: MlflowClient, experiment: str, name: str, adopted: str | None) -> None:
+    """What a gate killed while freezing its gate set left (called under the gate's lease): a ``gate-set`` run of
+    registered model ``name`` that never finished is deleted if the model never adopted it (killed before its tag
+    named it), else finished (``adopted``: killed between the tag and the run's end, after its artifacts). Every
+    finished gate-set run was adopted once, so records that name it keep it."""
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        return
+    for run in client.search_runs([found.experiment_id], filter_string=(
+            f"tags.stage = 'gate-set' and tags.`{GATE_SET_MODEL_TAG}` = '{name}' and attributes.status != 'FINISHED'")):
+        if run.info.run_id == adopted:
+            client.set_terminated(run.info.run_id, "FINISHED")
+        else:
+            client.delete_run(run.info.run_id)

@@ -228,8 +228,11 @@ def freeze_gate_set(client: MlflowClient, params: Params, paths: Paths, parent_r
             "queries": len(qrels), "pipeline_run": parent_run_id,
             "data": json.loads(manifest.read_text()) if manifest.is_file() else None,
             "carve": bounds.as_dict() if bounds is not None else None, "retired": [], **(record or {})}
+    from pgrank.pipeline.decisions import GATE_SET_MODEL_TAG
+
+    name = params.tracking.registered_model
     with mlflow.start_run(run_name="gate-set", nested=parent_run_id is not None, parent_run_id=parent_run_id,
-                          tags={"stage": "gate-set"}) as run:
+                          tags={"stage": "gate-set", GATE_SET_MODEL_TAG: name}) as run:
         meta["description"] = (f"frozen: {len(qrels)} gate queries of {dataset}/{split}, frozen by run "
                                f"{run.info.run_id[:8]}")
         folder = paths.root / "gate" / run.info.run_id
@@ -238,8 +241,9 @@ def freeze_gate_set(client: MlflowClient, params: Params, paths: Paths, parent_r
             _copy_store(store_folder, tmp / "candidates", None if only is None else set(only))
             _write_documents(tmp, open_candidate_store(tmp / "candidates"), open_corpus(paths, dataset))
             mlflow.log_artifacts(str(tmp), ARTIFACTS)
-    client.set_registered_model_tag(params.tracking.registered_model, GATE_SET_TAG, run.info.run_id)
+        client.set_registered_model_tag(name, GATE_SET_TAG, run.info.run_id)  # adopted before the run ends
     return _read(folder)
+
 
 
 def _copy_store(source: Path, target: Path, only: set[str] | None) -> None:

@@ -182,6 +182,7 @@ def _gate(params: Params, paths: Paths, client: MlflowClient, parent_run_id: str
         return decision
     if cfg.gate_set == "frozen":
         guard()  # the freeze writes to the registry
+        decisions.settle_gate_set_runs(client, params.tracking.experiment, name, gate.frozen_run(client, params))
         gate_set = gate.frozen_gate_set(client, params, paths) or gate.freeze_gate_set(client, params, paths, parent_run_id)
         on_set = [r for r in decisions.records(client, name) if r.gate_set == gate.frozen_run(client, params)]
         gate_set, _ = refresh.refreshed(client, params, paths, gate_set, on_set, parent_run_id)

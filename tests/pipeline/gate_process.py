@@ -1,10 +1,11 @@
 """One gate decision in a process of its own, as :func:`pgrank.pipeline.retraining.gate_workspace` takes it, minus
-the model evaluation: the lease in the registry, the reconciliation, the error budget's level, the rule, the four
-steps of the ledger (record, alias, tag, run) and the release. ``tests/pipeline/test_gate_server.py`` runs two at
+the model evaluation: the lease in the registry, the reconciliation, with ``--freeze WORKSPACE`` the freeze of the
+gate set (a toy project's gate split, ``tests/toy_project.py``), the error budget's level, the rule, the four steps of
+the ledger (record, alias, tag, run) and the release. ``tests/pipeline/test_gate_server.py`` runs two at
 once against one tracking server, and kills one with SIGKILL at a chosen step.
 
     python tests/pipeline/gate_process.py URI MODEL CHALLENGER [--worse] [--hold-until FILE] [--ttl S] [--wait S]
-        [--kill-at STEP]
+        [--freeze WORKSPACE] [--kill-at STEP]
 
 Per-query values are made up (300 gate queries, a clear gain, or a clear loss with ``--worse``); everything else is
 the product's code. A refused lease prints the product's one ``pgrank: error:`` line and exits 2.
@@ -19,7 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-STEPS = ("lease", "record", "counter", "alias", "version tag", "run", "run logged", "mark", "release")
+STEPS = ("lease", "freeze", "freeze tag", "freeze adopted", "record", "counter", "alias", "version tag", "run",
+         "run logged", "mark", "release")
 
 
 def main() -> int:
@@ -33,6 +35,8 @@ def main() -> int:
     parser.add_argument("--ttl", type=float, default=600.0)
     parser.add_argument("--wait", type=float, default=0.0)
     parser.add_argument("--kill-at", choices=STEPS, default=None)
+    parser.add_argument("--freeze", type=Path, default=None,
+                        help="freeze the gate split of the toy project in this folder (tests/toy_project.py) first")
     args = parser.parse_args()
 
     import mlflow
@@ -41,12 +45,16 @@ def main() -> int:
     from pgrank.config import parse_params
     from pgrank.errors import PgrankError
     from pgrank.paths import Paths
-    from pgrank.pipeline import decisions
+    from pgrank.pipeline import decisions, gate
     from pgrank.pipeline.champion import champion, decide, log_decision
     from pgrank.pipeline.retraining import budget_after, budget_level, budget_words
 
-    params = parse_params({"paths": {"root": "r", "data": "d", "embeddings": "e"},
-                           "data": {"train": "x/train", "eval_sets": ["x/test"]}, "train": {"warm_starts": ["m"]},
+    where = {"root": "r", "data": "d", "embeddings": "e"}
+    data = {"train": "x/train", "eval_sets": ["x/test"]}
+    if args.freeze:  # the toy project's layout and carve-out (tests/toy_project.py, data.gate_size 6)
+        where = {"root": str(args.freeze / "runs"), "data": str(args.freeze / "data"), "embeddings": str(args.freeze / "emb")}
+        data = {"train": "toy/train", "validation_size": 6, "gate_size": 6, "eval_sets": ["toy/train"], "mirror": None}
+    params = parse_params({"paths": where, "data": data, "train": {"warm_starts": ["m"]},
                            "evaluate": {"systems": {"dense": ["m"]}},
                            "tracking": {"uri": args.uri, "experiment": "pgrank", "registered_model": args.model},
                            "champion": {"alpha": None, "budget": 0.05, "horizon": 52, "budget_rule": "elond",
@@ -68,10 +76,14 @@ def main() -> int:
                     "set_model_version_tag": "version tag", "delete_registered_model": "release"}.get(method)
             if method == "set_registered_model_tag":
                 name = ("counter" if key == decisions.COUNTER else "mark" if str(key).endswith(".run")
-                        else "record" if str(key).startswith(decisions.RECORD_PREFIX) else None)
+                        else "record" if str(key).startswith(decisions.RECORD_PREFIX)
+                        else "freeze tag" if key == gate.GATE_SET_TAG else None)
             if name:
                 step(name)
-            return original(*a, **kw)
+            done = original(*a, **kw)
+            if name == "freeze tag":
+                step("freeze adopted")  # the model names the set; its run has not ended
+            return done
         setattr(client, method, wrapped)
 
     for method in ("create_registered_model", "set_registered_model_tag", "set_registered_model_alias",
@@ -97,6 +109,21 @@ def main() -> int:
         with decisions.gate_lock(client, args.model, ttl=args.ttl, wait=args.wait) as lease:
             decisions.recover(client, args.model, "champion", log, lease.check)
             current = champion(client, args.model, "champion")
+            gate_id = ""
+            if args.freeze:
+                decisions.settle_gate_set_runs(client, "pgrank", args.model, gate.frozen_run(client, params))
+                original = mlflow.log_artifacts
+
+                def dying(*a, **kw):  # inside the gate-set run, before its artifacts
+                    step("freeze")
+                    return original(*a, **kw)
+
+                mlflow.log_artifacts = dying
+                try:
+                    gate.frozen_gate_set(client, params, paths) or gate.freeze_gate_set(client, params, paths, None)
+                finally:
+                    mlflow.log_artifacts = original
+                gate_id = gate.frozen_run(client, params)
             print("holding", flush=True)
             deadline = time.monotonic() + 300
             while args.hold_until is not None and not args.hold_until.exists() and time.monotonic() < deadline:
@@ -113,7 +140,7 @@ def main() -> int:
                 level, before_budget = budget_level(params, client, args.model)
                 decision = decide(per_query(new), per_query(base), params.champion, challenger=args.challenger,
                                   champion=current, metrics=[], level=level, budget=budget_words(before_budget, level))
-            decisions.settle(client, args.model, "champion", decision, log, guard=lease.check, level=level,
+            decisions.settle(client, args.model, "champion", decision, log, gate_set=gate_id, guard=lease.check, level=level,
                              budget=budget_after(params, before_budget, level, decision.promoted))
             print("decided", decision.promoted, flush=True)
     except PgrankError as e:

@@ -5,9 +5,10 @@ team shares one registry.
   their own): exactly one decides; the other refuses with one ``pgrank: error:`` line naming the lease's owner and
   its expiry, or, told to wait, decides after it against the champion the first one left. Every record survives,
   numbered 1, 2, ... with none reused.
-* A gate process SIGKILLed at a step of its decision (taking the lease, the record, the counter, the alias, the
-  version tag, inside its MLflow run, after the run, the run's mark, the release), then a new gate: its lease waits
-  for the dead one's to lapse, it reconciles and decides. Afterwards the alias agrees with the records, no record is
+* A gate process SIGKILLed at a step of its decision (taking the lease, freezing the gate set: inside its run, at
+  the model's tag naming it, after that tag; the record, the counter, the alias, the version tag, inside its MLflow
+  run, after the run, the run's mark, the release), then a new gate: its lease waits for the dead one's to lapse, it
+  reconciles and decides. Afterwards the alias agrees with the records, no record is
   lost, the error budget counts every tested decision once, and every record has exactly one decision run. The
   kill inside the run and after the record run by default; the other steps are ``slow``.
 
@@ -27,7 +28,8 @@ import pytest
 from mlflow_registry import register
 
 from pgrank.pipeline.champion import champion, record_marker
-from pgrank.pipeline.decisions import records
+from pgrank.pipeline.decisions import GATE_SET_MODEL_TAG, records
+from pgrank.pipeline.gate import GATE_SET_TAG
 
 mlflow = pytest.importorskip("mlflow")
 
@@ -166,3 +168,38 @@ def test_a_gate_killed_at_a_step_is_reconciled_by_the_next_run(server, step):
     if recorded:  # a recorded promotion is applied, then the next one compares with it
         assert found[1].outcome == "promote" and found[2].champion == v2
     assert champion(client, model, "champion") == v3
+
+
+@pytest.fixture(scope="module")
+def toy_workspace(tmp_path_factory):
+    """A toy project with a gate split of 6 queries and their candidate sets (tests/toy_project.py)."""
+    from toy_project import make_project
+
+    folder = tmp_path_factory.mktemp("gate-freeze")
+    make_project(folder, folder / "no-model", overrides={"data.gate_size": 6})
+    return folder
+
+
+@pytest.mark.parametrize("step", ["freeze", pytest.param("freeze tag", marks=pytest.mark.slow), "freeze adopted"])
+def test_a_gate_killed_while_freezing_its_gate_set_leaves_one_set_that_every_decision_names(server, toy_workspace,
+                                                                                             step):
+    """Killed inside the gate-set run (before its artifacts, or before the model's tag names it), the next gate
+    deletes that run and freezes again; killed after the tag, it finishes the run and decides on that set."""
+    client, experiment, uri = server
+    model = f"gate-freeze-{step.replace(' ', '-')}"
+    v1, v2 = (register(experiment, model) for _ in range(2))
+    freeze = ("--freeze", str(toy_workspace))
+    code, _, err = _finish(_gate(uri, model, v1, *freeze, "--kill-at", step, "--ttl", "4"))
+    assert code == -9, err
+    assert records(client, model) == []
+    named = client.get_registered_model(model).tags.get(GATE_SET_TAG)
+    assert (named is not None) == (step == "freeze adopted")
+    for version in (v1, v2):
+        code, out, err = _finish(_gate(uri, model, version, *freeze, "--wait", "120"))
+        assert code == 0 and "decided" in out, err
+    found = assert_ledger(client, experiment, model)
+    frozen = client.get_registered_model(model).tags[GATE_SET_TAG]
+    assert named in (None, frozen)  # an adopted set stays the set
+    runs = client.search_runs([experiment], filter_string=f"tags.`{GATE_SET_MODEL_TAG}` = '{model}'")
+    assert [(r.info.run_id, r.info.status) for r in runs] == [(frozen, "FINISHED")]  # the unadopted one deleted
+    assert [r.gate_set for r in found] == [frozen, frozen]
