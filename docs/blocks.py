@@ -251,7 +251,20 @@ def demo_time_split() -> str:
     return ("`pgrank demo` from nothing, its wall in three (records `bench/out/demo_time-*.json` with a split):\n\n"
             "| record | machine | wall s | encoding s | encoding's share of the float32 peak | training s | "
             "everything else s | everything else, share of the wall |\n"
-            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n" + "\n".join(rows))
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n" + "\n".join(rows) + "\n\n" + _evaluation_walls())
+
+
+def _evaluation_walls() -> str:
+    """The evaluation stages' walls of each split run (each stage's own process, as it logs them)."""
+    rows = []
+    for path in sorted(BENCH.glob("demo_time*.json")):
+        rec = json.loads(path.read_text(encoding="utf-8"))
+        for run in (r for r in rec["runs"] if "split" in r):
+            walls = {k.split("/", 1)[1]: v for k, v in run["walls"].items() if k.startswith("evaluate/")}
+            rows += [f"| `{path.name}` | {stage} | {seconds:.1f} |" for stage, seconds in walls.items()]
+    return ("Each evaluation stage's own wall in those runs (its process from start to exit; a comparison system's "
+            "corpus and queries were encoded when its candidates were mined; a policy loads its query encoders with "
+            "PyTorch, the selected point's and the epoch ablation's, and encodes its queries):\n\n| record | system/dataset | wall s |\n| --- | --- | ---: |\n" + "\n".join(rows))
 
 
 def _machine_key(m: dict) -> str:
