@@ -19,8 +19,9 @@
 * Stopped runs: a run that a stop signal ends (Ctrl-C's ``KeyboardInterrupt`` in a stage, :class:`Stopped` in
   the pipeline driver) ends ``KILLED``, as do the running runs of the processes the stop has ended.
 * Spooled runs: importing MLflow and opening an sqlite store takes longer than a small evaluation's
-  work. A stage run opened with ``spool=True`` inside a pipeline (DVC's ``DVC_STAGE``, or the driver's parent run in
-  the environment) does not load MLflow: the run, its nested runs, parameters, metrics and start and end times are
+  work. The download, mining and evaluation stages open their runs with ``spool=True``: inside a pipeline (DVC's
+  ``DVC_STAGE``, or the driver's parent run in the environment) such a run does not load MLflow: the run, its
+  nested runs, parameters, metrics, artifacts' paths and start and end times are
   written as one JSON file to ``Paths.mlflow_spool`` when it ends (atomically; a killed stage leaves none). The next
   process that opens the store (the ``tables`` stage, a training stage, the pipeline's parent run as it ends) writes
   the spooled runs into it as they were, nested where they were, and removes the files

@@ -312,7 +312,7 @@ def mine_splits(
     sources = ",".join(dict.fromkeys(src for _, _, src in by_source))
     with tracking.stage_run(params, paths, name, tags={"stage": "mine", "source": sources},
                             log_params={"mine": cfg.model_dump(mode="json"), "targets": ["/".join(t) for t in targets]},
-                            enabled=params.tracking.enabled, resources=True) as run:
+                            enabled=params.tracking.enabled, resources=True, spool=True) as run:
         for dataset, source in dict.fromkeys((d, src) for d, _, src in by_source):
             splits = [s for d, s, src in by_source if (d, src) == (dataset, source)]
             if source == "published":
