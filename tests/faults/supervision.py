@@ -255,12 +255,18 @@ def differences(files: dict[str, str], reference: dict[str, str], caches: tuple[
 
     ``caches``: snapshot prefixes (``"data/beir/.stores/"``) of content-keyed caches that a stage builds on
     first use, whoever runs first (``{paths.data}/.stores/``, ``{paths.embeddings}/``). Each entry (the
-    first folder under a prefix) may be absent, since the next stage that needs it builds it from the same
-    content; an entry that is there must be the reference's, file for file and byte for byte.
+    first folder under a prefix; in a folder of kept query vectors, ``*--queries/``, each shard: its keys and vectors)
+    may be absent, since the next stage that needs it builds it from the same content; an entry that is there must be
+    the reference's, file for file and byte for byte.
     """
     def entry(path: str) -> str | None:
         prefix = next((c for c in caches if path.startswith(c)), None)
-        return None if prefix is None else prefix + path[len(prefix):].split("/", 1)[0]
+        if prefix is None:
+            return None
+        first, _, rest = path[len(prefix):].partition("/")
+        if first.endswith("--queries") and rest:  # pgrank.retrieval.dense.query_embeddings: a shard per encoding call
+            return f"{prefix}{first}/{rest.split('.', 1)[0]}"
+        return prefix + first
 
     present = {entry(k) for k in files} - {None}
     return sorted(k for k in files.keys() | reference.keys()
