@@ -17,7 +17,8 @@ pyproject's ``addopts``: two worker processes, the default marks) runs with ``--
 Usage::
 
     python bench/test_suite.py [--cov] [--skip-fast] [--out bench/out/test_suite.json] [-- PYTEST_ARGS]
-    python bench/test_suite.py --durations-from LOG    # a finished run's output (pytest --durations=0), e.g. CI's
+    python bench/test_suite.py --durations-from LOG    # a finished run's output (pytest --durations=0), e.g. CI's,
+                                                       # and the fast subset timed here (unless --skip-fast)
 
 ``PYTEST_ARGS`` go to both runs after the README's arguments (for example ``-- -n 4``). A run read from its log has
 pytest's own time, not the wall time, and no load average.
@@ -216,8 +217,16 @@ def main() -> None:
         suite = {"command": shlex.join(["python", *command[1:]]), "log": args.durations_from.name, "exit_code": None,
                  "wall_s": None, "pytest_s": parsed["seconds"], "counts": parsed["counts"], "load_average": None,
                  "files": parsed["files"], "tests": parsed["tests"]}
-        _finish(record, suite, args.out)
-        return
+    else:
+        suite = _run_suite(command, record, args)
+    if not args.skip_fast:
+        fast = measure([command[0], "-m", "pytest", *FAST, *args.pytest_args])
+        record["fast"] = {k: v for k, v in fast.items() if k != "tests"}
+    _finish(record, suite, args.out)
+
+
+def _run_suite(command: list[str], record: dict, args: argparse.Namespace) -> dict:
+    """The README's test command run here (with ``--cov``, its coverage into ``record``); its parsed output."""
     with tempfile.TemporaryDirectory(prefix="pgrank-test-suite-") as tmp:
         report = Path(tmp) / "coverage.json"
         cov = ["--cov=pgrank"] if args.cov else []
@@ -225,10 +234,7 @@ def main() -> None:
         suite = measure([*command, *cov], log=args.log, extra=files)
         if args.cov and report.is_file():
             record["coverage"] = coverage_totals(report)
-    if not args.skip_fast:
-        fast = measure([command[0], "-m", "pytest", *FAST, *args.pytest_args])
-        record["fast"] = {k: v for k, v in fast.items() if k != "tests"}
-    _finish(record, suite, args.out)
+    return suite
 
 
 def _finish(record: dict, suite: dict, out: Path) -> None:
