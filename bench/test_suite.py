@@ -154,12 +154,13 @@ def _minutes(seconds: float | None) -> str:
     return "?" if seconds is None else f"{seconds:,.0f} s ({seconds / 60:.1f} min)"
 
 
-def _load(run: dict) -> str:
+def _load(run: dict, cores) -> str:
     load = run.get("load_average")
     if not load:
         return ""
-    return (f" Load average {load['before']} before, {load['after']} after (above the core count, other work shared "
-            f"the machine).")
+    busy = isinstance(cores, int) and max(load["before"], load["after"]) > cores
+    return (f" Load average {load['before']} before, {load['after']} after"
+            f"{' (above the core count: other work shared the machine)' if busy else ''}.")
 
 
 def render(record: dict) -> str:
@@ -168,12 +169,12 @@ def render(record: dict) -> str:
             f"{_minutes(suite['pytest_s'])} by pytest's own clock, read from the run's log (`{suite['log']}`)")
     code = f"; exit code {suite['exit_code']}" if suite.get("exit_code") is not None else ""
     lines = [f"`{suite['command']}` (the README's test command) on {cores} cores: {took}, against a goal of "
-             f"{SUITE_GOAL_S // 60} minutes; {_passed(suite['counts'])}{code}.{_load(suite)}"]
+             f"{SUITE_GOAL_S // 60} minutes; {_passed(suite['counts'])}{code}.{_load(suite, cores)}"]
     fast = record.get("fast")
     if fast:
         lines += ["", f"The fast subset `{fast['command']}`: {_minutes(fast['wall_s'])}, against a goal of "
                       f"{FAST_GOAL_S // 60} minutes; {_passed(fast['counts'])}; exit code {fast['exit_code']}."
-                      f"{_load(fast)}"]
+                      f"{_load(fast, cores)}"]
     cov = record.get("coverage")
     if cov:
         lines += ["", f"The suite runs {cov['covered_lines']:,} of the {cov['statements']:,} statements of `pgrank/` "
