@@ -236,8 +236,9 @@ CONFIGURATIONS = {
 
 def demo_time_split() -> str:
     """Each timed run's wall in three (``bench/demo_time.py``): encoding, with its share of the CPU's float32 peak;
-    training; and everything else (process starts, imports, DVC, MLflow, search, evaluation's arithmetic)."""
-    rows = []
+    training; and everything else (process starts, imports, DVC, MLflow, search, evaluation's arithmetic). Then each
+    evaluation stage's own wall in those runs, as its process logged it."""
+    rows, stages = [], []
     for path in sorted(BENCH.glob("demo_time*.json")):
         rec = json.loads(path.read_text(encoding="utf-8"))
         for run in (r for r in rec["runs"] if "split" in r):
@@ -246,25 +247,18 @@ def demo_time_split() -> str:
             rows.append(f"| `{path.name}` | {_machine_key(rec['machine'])} | {run['seconds']:.0f} | "
                         f"{s['encoding_s']:.0f} | {share} | {s['training_s']:.0f} | {s['else_s']:.0f} | "
                         f"{100 * s['else_share']:.1f}% |")
+            stages += [f"| `{path.name}` | {name.split('/', 1)[1]} | {seconds:.1f} |"
+                       for name, seconds in run["walls"].items() if name.startswith("evaluate/")]
     if not rows:
         raise KeyError("no bench/out/demo_time*.json record has a split run: python bench/demo_time.py")
     return ("`pgrank demo` from nothing, its wall in three (records `bench/out/demo_time-*.json` with a split):\n\n"
             "| record | machine | wall s | encoding s | encoding's share of the float32 peak | training s | "
             "everything else s | everything else, share of the wall |\n"
-            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n" + "\n".join(rows) + "\n\n" + _evaluation_walls())
-
-
-def _evaluation_walls() -> str:
-    """The evaluation stages' walls of each split run (each stage's own process, as it logs them)."""
-    rows = []
-    for path in sorted(BENCH.glob("demo_time*.json")):
-        rec = json.loads(path.read_text(encoding="utf-8"))
-        for run in (r for r in rec["runs"] if "split" in r):
-            walls = {k.split("/", 1)[1]: v for k, v in run["walls"].items() if k.startswith("evaluate/")}
-            rows += [f"| `{path.name}` | {stage} | {seconds:.1f} |" for stage, seconds in walls.items()]
-    return ("Each evaluation stage's own wall in those runs (its process from start to exit; a comparison system's "
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n" + "\n".join(rows) + "\n\n"
+            "Each evaluation stage's own wall in those runs (its process from start to exit; a comparison system's "
             "corpus and queries were encoded when its candidates were mined; a policy loads its query encoders with "
-            "PyTorch, the selected point's and the epoch ablation's, and encodes its queries):\n\n| record | system/dataset | wall s |\n| --- | --- | ---: |\n" + "\n".join(rows))
+            "PyTorch, the selected point's and the epoch ablation's, and encodes its queries):\n\n"
+            "| record | system/dataset | wall s |\n| --- | --- | ---: |\n" + "\n".join(stages))
 
 
 def _machine_key(m: dict) -> str:

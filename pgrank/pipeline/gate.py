@@ -245,7 +245,6 @@ def freeze_gate_set(client: MlflowClient, params: Params, paths: Paths, parent_r
     return _read(folder)
 
 
-
 def _copy_store(source: Path, target: Path, only: set[str] | None) -> None:
     """A candidate store, whole or with only the query ids ``only``."""
     if only is None:

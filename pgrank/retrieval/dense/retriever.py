@@ -115,8 +115,9 @@ class DenseRetriever:
         backend = effective_backend(document_ref, params.models)
         query_backend = backend if self._same_model else effective_backend(query_ref, params.models)
         self._queries = QueryEmbeddings(paths.query_embeddings(embedding_key(query_ref, query_backend), max_seq_length))
-        self._query_backend, self._documents = None, {"documents": backend, "document_vectors": np.dtype(VECTORS).name}
-        self._resolved_query_backend = query_backend
+        self._refs = {"query": (query_ref, query_backend), "document": (document_ref, backend)}  # loaded as resolved
+        self._encoded = False
+        self._documents = {"documents": backend, "document_vectors": np.dtype(VECTORS).name}
         artifact = corpus_embedding_folder(document_ref, backend, paths, max_seq_length=max_seq_length,
                                            corpus_sha256=self.store.sha256)
         if candidates is not None and not (artifact / META).is_file():
@@ -143,8 +144,9 @@ class DenseRetriever:
         from pgrank.models.backends import load_inference_encoder
 
         if self._query_model is None:
-            self._query_model, self._query_backend = load_inference_encoder(
-                self.system.query_model, self.params.models, self.paths, max_seq_length=self.max_seq_length)
+            ref, backend = self._refs["query"]
+            self._query_model = load_inference_encoder(ref, self.params.models, self.paths,
+                                                       max_seq_length=self.max_seq_length, backend=backend)[0]
         return self._query_model
 
     @property
@@ -152,15 +154,16 @@ class DenseRetriever:
         """How this retriever's figures were computed, as ``metrics.json`` records it (the model card states it):
         the backend its queries ran under (``None`` until it encoded some), its documents' backend and the precision
         their embeddings are stored at."""
-        return {"queries": self._query_backend, **self._documents}
+        return {"queries": self._refs["query"][1] if self._encoded else None, **self._documents}
 
     def _document_model(self):
         from pgrank.models.backends import load_inference_encoder
 
         if self._same_model:
             return self._model()
-        return load_inference_encoder(self.system.document_model, self.params.models, self.paths,
-                                      max_seq_length=self.max_seq_length)[0]
+        ref, backend = self._refs["document"]
+        return load_inference_encoder(ref, self.params.models, self.paths, max_seq_length=self.max_seq_length,
+                                      backend=backend)[0]
 
     def rows(self, doc_ids: Sequence[str]) -> np.ndarray:
         return self.store.rows(doc_ids)
@@ -175,7 +178,7 @@ class DenseRetriever:
         """float32 ``(Q, dim)`` query embeddings (unit length for a cosine system): kept ones where this model
         encoded the same texts before (:mod:`pgrank.retrieval.dense.query_embeddings`), the model for the rest."""
         vecs = self._queries.encode(list(texts), self._encode)
-        self._query_backend = self._resolved_query_backend
+        self._encoded = True
         return _normalize(vecs) if self.system.similarity == "cosine" else vecs
 
     def search(self, encoded: np.ndarray, k: int, *, block_rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
