@@ -356,9 +356,9 @@ def repro_cmd(
     ws = repro(ctx.obj.params_file, ctx.obj.profile, ctx.obj.overrides, targets or [], dry=dry)
     typer.echo(f"pipeline workspace: {ws}")
     from pgrank.config import load_params
-    from pgrank.paths import Paths
+    from pgrank.paths import WORKSPACE_PARAMS, Paths
 
-    params = load_params(ws / "params.yaml") if (ws / "params.yaml").is_file() else None
+    params = load_params(ws / WORKSPACE_PARAMS) if (ws / WORKSPACE_PARAMS).is_file() else None
     if params is None:
         return
     comparison = Paths.from_config(params.paths, base=ws).tables / "objectives.md"  # the compare profile's answer
@@ -370,13 +370,13 @@ def repro_cmd(
 def demo_cmd(ctx: typer.Context) -> None:
     """Run the CPU demo end to end through DVC (profile `demo`, offline-capable), then print its tables."""
     from pgrank.config import load_params
-    from pgrank.paths import Paths
+    from pgrank.paths import WORKSPACE_PARAMS, Paths
     from pgrank.pipeline.workspace import repro
 
     profile = ctx.obj.profile or "demo"
     _absolute_mirror()
     ws = repro(ctx.obj.params_file, profile, ctx.obj.overrides)
-    params = load_params(ws / "params.yaml")
+    params = load_params(ws / WORKSPACE_PARAMS)
     paths = Paths.from_config(params.paths, base=ws)
     for name in ("rerank-in-domain", "full-in-domain", "epoch-ablation"):
         table = paths.tables / f"{name}.md"

@@ -48,6 +48,8 @@ from pgrank.config import DataConfig, PathsConfig
 MLFLOW_ARTIFACTS = "mlartifacts"
 # Runs recorded by a stage that does not load MLflow, for the next process that opens the store (pgrank.tracking).
 MLFLOW_SPOOL = "mlflow-spool"
+# A workspace's composed configuration (params.yaml + profile + --set), which its DVC stages read.
+WORKSPACE_PARAMS = "params.yaml"
 
 
 # The carve-out of data.train (pgrank.download.carve_out): split name -> file name under carved_qrels.

@@ -21,9 +21,8 @@ from pathlib import Path
 
 from pgrank.config import Params, load_params
 from pgrank.errors import PgrankError
+from pgrank.paths import WORKSPACE_PARAMS as RECORD
 from pgrank.paths import Paths
-
-RECORD = "params.yaml"  # a workspace's composed configuration
 
 
 @dataclass(frozen=True)

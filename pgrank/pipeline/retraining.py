@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Literal, get_args
 
 from pgrank.config import Params, load_params
 from pgrank.errors import PgrankError
-from pgrank.paths import Paths
+from pgrank.paths import WORKSPACE_PARAMS, Paths
 from pgrank.core import error_budget
 from pgrank.pipeline import decisions, gate, provenance, refresh
 from pgrank.pipeline.champion import (
@@ -152,7 +152,7 @@ def gate_workspace(ws: Path, parent_run_id: str | None) -> Decision:
         The decision, also recorded in the registry and logged to MLflow (and applied to the alias when a version
         is judged).
     """
-    params = load_params(ws / "params.yaml")
+    params = load_params(ws / WORKSPACE_PARAMS)
     cfg = params.champion
     if not params.tracking.enabled:
         return Decision(False, "tracking.enabled is false: there is no model registry to gate in", cfg.metric)

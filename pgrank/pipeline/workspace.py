@@ -55,6 +55,7 @@ import yaml
 from pgrank.atomic import atomic_path, exclusive
 from pgrank.config import Params, load_params
 from pgrank.errors import PgrankError, Stopped
+from pgrank.paths import WORKSPACE_PARAMS
 
 # What dvc.yaml's stages depend on, relative to the project (synced into workspaces).
 SYNCED = ("dvc.yaml", "cli.py", "pgrank")
@@ -159,7 +160,7 @@ def _compose(project: Path, params: Params, ws: Path, profile: str | None, overr
     text += f" + profiles/{profile}.yaml" if profile else ""
     text += "".join(f" + --set {o}" for o in overrides)
     text += "; do not edit (edit the sources and re-run).\n"
-    _write_if_changed(ws / "params.yaml", (text + yaml.safe_dump(workspace_params(params, project, ws), sort_keys=False)).encode())
+    _write_if_changed(ws / WORKSPACE_PARAMS, (text + yaml.safe_dump(workspace_params(params, project, ws), sort_keys=False)).encode())
     if not (ws / ".dvc").is_dir():
         run_dvc(["init", "--no-scm", "-q"], ws)
     _write_if_changed(ws / ".dvc" / "config", DVC_CONFIG.encode())
@@ -331,7 +332,7 @@ def pipeline_run(ws: Path, profile: str | None = None, overrides: list[str] | tu
     from pgrank import tracking
     from pgrank.paths import Paths
 
-    params = load_params(ws / "params.yaml")
+    params = load_params(ws / WORKSPACE_PARAMS)
     paths = Paths.from_config(params.paths, base=ws)
     with tracking.stage_run(params, paths, f"pipeline{'-' + profile if profile else ''}", tags={"stage": "pipeline"},
                             log_params={"profile": profile or "paper", "overrides": list(overrides)},
