@@ -12,11 +12,16 @@ pyproject's ``addopts``: two worker processes, the default marks) runs with ``--
   over), and ``slowest``: the slowest tests by phase;
 * ``fast``: the same for the unit tests of the pure packages (:data:`FAST`, the README's edit-test loop);
 * ``coverage`` (``--cov``): the lines of ``pgrank/`` the suite runs, in this process and in every Python process it
-  starts (the stages that DVC runs included: ``coverage``'s ``patch = subprocess``).
+  starts (the stages that DVC runs included: ``coverage``'s ``patch = subprocess``);
+* ``suite.cpu_s``: the CPU seconds (user and system) of the suite's process and every process it started and waited
+  for, and ``processes`` (``--processes``): where they went. A ``sitecustomize`` on ``PYTHONPATH`` has each Python
+  process the suite starts (those given the suite's environment: a test that clears ``PYTHONPATH`` hides its child)
+  write, as it exits normally, its CPU seconds, its test and which of the heavy libraries it imported; the record sums
+  them per library and per test file.
 
 Usage::
 
-    python bench/test_suite.py [--cov] [--skip-fast] [--out bench/out/test_suite.json] [-- PYTEST_ARGS]
+    python bench/test_suite.py [--cov] [--processes] [--skip-fast] [--out bench/out/test_suite.json] [-- PYTEST_ARGS]
     python bench/test_suite.py --durations-from LOG    # a finished run's output (pytest --durations=0), e.g. CI's,
                                                        # and the fast subset timed here (unless --skip-fast)
 
@@ -30,6 +35,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import shlex
 import subprocess
 import sys
@@ -120,15 +126,69 @@ def coverage_totals(report: Path, package: Path = ROOT / "pgrank") -> dict:
                          for k, (s, c) in sorted(per.items())}}
 
 
+# Each Python process that imports it at start (``sitecustomize`` on ``PYTHONPATH``) appends one JSON line to the
+# file PGRANK_SUITE_PROCESSES names as it exits normally (a process killed by a signal writes nothing).
+HOOK = """
+import atexit, json, os, resource, sys
+def _pgrank_suite_process():
+    try:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        row = {"cpu_s": round(usage.ru_utime + usage.ru_stime, 3), "argv0": os.path.basename(sys.argv[0]) if sys.argv else "",
+               "test": os.environ.get("PYTEST_CURRENT_TEST", "").split("::")[0],
+               "imports": [m for m in HEAVY if m in sys.modules]}
+        with open(os.environ["PGRANK_SUITE_PROCESSES"], "a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\\n")
+    except Exception:
+        pass
+HEAVY = %r
+atexit.register(_pgrank_suite_process)
+"""
+HEAVY = ("sentence_transformers", "torch", "mlflow", "prefect", "dvc")
+
+
+def _process_hook(folder: Path, env: dict) -> tuple[dict, Path]:
+    """``env`` with the per-process hook on ``PYTHONPATH``, and the file the processes write to."""
+    (folder / "hook").mkdir(parents=True, exist_ok=True)
+    (folder / "hook" / "sitecustomize.py").write_text(HOOK % (HEAVY,), encoding="utf-8")
+    rows = folder / "processes.jsonl"
+    path = os.pathsep.join(filter(None, [str(folder / "hook"), env.get("PYTHONPATH", "")]))
+    return {**env, "PYTHONPATH": path, "PGRANK_SUITE_PROCESSES": str(rows)}, rows
+
+
+def process_totals(rows: Path, n: int = 15) -> dict:
+    """The per-process lines summed: all of them, per heavy library imported, and per test file (the ``n`` heaviest;
+    ``(none)``: the pytest processes themselves, their workers included, outside any test)."""
+    found = [json.loads(line) for line in rows.read_text(encoding="utf-8").splitlines() if line.strip()] \
+        if rows.is_file() else []
+    def cell(items: list[dict]) -> dict:
+        return {"count": len(items), "cpu_s": round(sum(r["cpu_s"] for r in items), 1)}
+    files: dict[str, list[dict]] = {}
+    for row in found:
+        files.setdefault(row["test"] or "(none)", []).append(row)
+    ranked = sorted(files.items(), key=lambda kv: -sum(r["cpu_s"] for r in kv[1]))[:n]
+    return {**cell(found), "by_import": {m: cell([r for r in found if m in r["imports"]]) for m in HEAVY},
+            "by_file": {name: cell(items) for name, items in ranked}}
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def measure(command: list[str], *, cwd: Path = ROOT, env: dict | None = None, log: Path | None = None,
-            extra: list[str] | None = None) -> dict:
+            extra: list[str] | None = None, processes: Path | None = None) -> dict:
     """Run ``command`` (a pytest command line) with ``--durations=0`` and ``extra`` (arguments the record does not
-    name: coverage's temporary files); its parsed output, wall time, exit code and the load average before and
-    after."""
+    name: coverage's temporary files); its parsed output, wall time, CPU time, exit code and the load average before
+    and after; with ``processes`` (an empty folder), where the CPU time went (:func:`process_totals`)."""
+    rows = None
+    if processes is not None:
+        env, rows = _process_hook(processes, dict(os.environ if env is None else env))
     before = os.getloadavg()
+    cpu = _children_cpu()
     started = time.perf_counter()
     out = subprocess.run([*command, *(extra or []), "--durations=0"], cwd=cwd, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - started
+    cpu = _children_cpu() - cpu
     after = os.getloadavg()
     output = out.stdout + out.stderr
     if log is not None:
@@ -136,9 +196,10 @@ def measure(command: list[str], *, cwd: Path = ROOT, env: dict | None = None, lo
     parsed = parse(output)
     return {"command": shlex.join(["python" if c == sys.executable else c for c in command]),
             "exit_code": out.returncode,
-            "wall_s": round(wall, 1), "pytest_s": parsed["seconds"], "counts": parsed["counts"],
+            "wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "pytest_s": parsed["seconds"], "counts": parsed["counts"],
             "load_average": {"before": round(before[0], 2), "after": round(after[0], 2)},
-            "files": parsed["files"], "tests": parsed["tests"]}
+            "files": parsed["files"], "tests": parsed["tests"],
+            **({"processes": process_totals(rows)} if rows is not None else {})}
 
 
 def _slowest(tests: dict[str, dict[str, float]], n: int) -> list[dict]:
@@ -163,13 +224,43 @@ def _load(run: dict, cores) -> str:
             f"{' (above the core count: other work shared the machine)' if busy else ''}.")
 
 
+def _cpu(run: dict, cores) -> str:
+    if not run.get("cpu_s") or not run.get("wall_s"):
+        return ""
+    floor = f": at least {run['cpu_s'] / cores:,.0f} s of wall on {cores} cores" if isinstance(cores, int) else ""
+    return (f" CPU time {run['cpu_s']:,.0f} s, the suite's processes and every one they started "
+            f"({run['cpu_s'] / run['wall_s']:.2f} cores busy on average{floor}).")
+
+
+NAMES = {"sentence_transformers": "sentence-transformers", "torch": "PyTorch", "mlflow": "MLflow", "prefect": "Prefect",
+         "dvc": "DVC"}
+
+
+def _processes(totals: dict | None) -> list[str]:
+    if not totals:
+        return []
+    lines = ["", f"Where the CPU time went: {totals['count']:,} Python processes that exited normally wrote "
+                 f"{totals['cpu_s']:,.0f} s (a process killed by a signal, or not a Python one, writes nothing). "
+                 "A process is counted under each heavy library it imported:", ""]
+    lines += table(["imported", "processes", "CPU s", "s a process"],
+                   [(NAMES.get(m, m), f"{c['count']:,}", f"{c['cpu_s']:,.0f}",
+                     f"{c['cpu_s'] / c['count']:.1f}" if c["count"] else "-") for m, c in totals["by_import"].items()],
+                   "lrrr")
+    lines += ["", "Per test file, the processes its tests started (`(none)`: pytest and its workers themselves, whose "
+                  "CPU time holds the tests that run in-process):", ""]
+    lines += table(["file", "processes", "CPU s"], [(f"`{name}`", f"{c['count']:,}", f"{c['cpu_s']:,.0f}")
+                                                   for name, c in totals["by_file"].items()], "lrr")
+    return lines
+
+
 def render(record: dict) -> str:
     suite, cores = record["suite"], record["machine"].get("cores", "?")
     took = (f"{_minutes(suite['wall_s'])} from start to exit" if suite.get("wall_s") is not None else
             f"{_minutes(suite['pytest_s'])} by pytest's own clock, read from the run's log (`{suite['log']}`)")
     code = f"; exit code {suite['exit_code']}" if suite.get("exit_code") is not None else ""
     lines = [f"`{suite['command']}` (the README's test command) on {cores} cores: {took}, against a goal of "
-             f"{SUITE_GOAL_S // 60} minutes; {_passed(suite['counts'])}{code}.{_load(suite, cores)}"]
+             f"{SUITE_GOAL_S // 60} minutes; {_passed(suite['counts'])}{code}.{_load(suite, cores)}{_cpu(suite, cores)}"]
+    lines += _processes(suite.get("processes"))
     fast = record.get("fast")
     if fast:
         lines += ["", f"The fast subset `{fast['command']}`: {_minutes(fast['wall_s'])}, against a goal of "
@@ -201,12 +292,16 @@ def main() -> None:
     add_out_option(parser, __file__)
     parser.add_argument("--cov", action="store_true", help="also measure the lines of pgrank/ the suite runs "
                                                            "(pytest-cov; slower)")
+    parser.add_argument("--processes", action="store_true", help="also record where the suite's CPU time went: each "
+                                                                  "Python process it starts, by library and test file")
     parser.add_argument("--skip-fast", action="store_true", help="do not time the fast subset")
     parser.add_argument("--log", type=Path, help="keep pytest's output of the suite in this file")
     parser.add_argument("--durations-from", type=Path, metavar="LOG",
                         help="record the run whose output (with --durations=0) is in LOG instead of running the suite")
     parser.add_argument("pytest_args", nargs="*", help="more pytest arguments for both runs (after --)")
     args = parser.parse_args()
+    if args.durations_from is not None and (args.processes or args.cov):
+        parser.error("--processes and --cov measure a run made here, not one read from --durations-from")
 
     command = [*readme_command(), *args.pytest_args]
     record = new_record("The test suite's time: the README's test command, per test file, and the fast subset")
@@ -216,7 +311,7 @@ def main() -> None:
             raise SystemExit(f"bench/test_suite.py: {args.durations_from}: no summary line or no durations "
                              "(pytest --durations=0)")
         suite = {"command": shlex.join(["python", *command[1:]]), "log": args.durations_from.name, "exit_code": None,
-                 "wall_s": None, "pytest_s": parsed["seconds"], "counts": parsed["counts"], "load_average": None,
+                 "wall_s": None, "cpu_s": None, "pytest_s": parsed["seconds"], "counts": parsed["counts"], "load_average": None,
                  "files": parsed["files"], "tests": parsed["tests"]}
     else:
         suite = _run_suite(command, record, args)
@@ -232,7 +327,8 @@ def _run_suite(command: list[str], record: dict, args: argparse.Namespace) -> di
         report = Path(tmp) / "coverage.json"
         cov = ["--cov=pgrank"] if args.cov else []
         files = [f"--cov-config={_coverage_rc(Path(tmp))}", f"--cov-report=json:{report}"] if args.cov else []
-        suite = measure([*command, *cov], log=args.log, extra=files)
+        suite = measure([*command, *cov], log=args.log, extra=files,
+                        processes=Path(tmp) / "processes" if args.processes else None)
         if args.cov and report.is_file():
             record["coverage"] = coverage_totals(report)
     return suite

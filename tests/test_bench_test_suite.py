@@ -51,6 +51,9 @@ TOY = {
 
         def test_runs_pgrank_in_a_child_process():
             assert subprocess.run([sys.executable, "-c", "import pgrank.atomic"]).returncode == 0
+
+        def test_runs_dvc_in_a_child_process():
+            assert subprocess.run([sys.executable, "-c", "import dvc"]).returncode == 0
         """,
 }
 
@@ -67,7 +70,7 @@ def toy_run(suite, tmp_path_factory) -> dict:
     """The script's measurement of a run of :data:`TOY` (pytest in a subprocess, without xdist)."""
     folder = _toy(tmp_path_factory.mktemp("toy"))
     return suite.measure([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", str(folder)],
-                         cwd=folder)
+                         cwd=folder, processes=tmp_path_factory.mktemp("processes"))
 
 
 def test_the_command_is_the_readmes_test_line_without_the_installs(suite):
@@ -83,7 +86,7 @@ def test_the_readme_names_the_fast_subset_the_record_times(suite):
 def test_a_run_is_measured_per_test_and_per_file_with_its_counts(toy_run):
     run = toy_run
     assert run["exit_code"] == 1  # the failing test
-    assert run["counts"] == {"failed": 1, "passed": 2, "skipped": 1}
+    assert run["counts"] == {"failed": 1, "passed": 3, "skipped": 1}
     assert run["wall_s"] >= run["pytest_s"] > 0.3
     setup = run["tests"]["test_alpha.py::test_waits_in_setup"]["setup"]
     assert setup >= 0.3
@@ -94,6 +97,16 @@ def test_a_run_is_measured_per_test_and_per_file_with_its_counts(toy_run):
     assert set(run["load_average"]) == {"before", "after"}
 
 
+def test_the_cpu_time_is_the_runs_and_each_python_process_it_starts_says_what_it_imported(toy_run):
+    run = toy_run
+    totals = run["processes"]
+    assert totals["count"] == 3  # pytest itself and the two children
+    assert totals["by_file"]["test_beta.py"]["count"] == 2 and totals["by_file"]["(none)"]["count"] == 1
+    assert totals["by_import"]["dvc"]["count"] == 1  # the one child that imported it
+    assert totals["by_import"]["sentence_transformers"] == {"count": 0, "cpu_s": 0}
+    assert 0 < totals["cpu_s"] <= run["cpu_s"] + 0.05  # what the processes wrote is part of what the run used
+
+
 def test_coverage_counts_the_lines_a_child_process_runs(suite, tmp_path):
     """Only a child process imports pgrank here: its lines are counted all the same (coverage's patch = subprocess)."""
     pytest.importorskip("pytest_cov", reason="pytest-cov (the dev extra) not installed")
@@ -101,7 +114,7 @@ def test_coverage_counts_the_lines_a_child_process_runs(suite, tmp_path):
     report = tmp_path / "coverage.json"
     rc = suite._coverage_rc(tmp_path)
     run = suite.measure([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", str(folder),
-                         "-k", "child", f"--cov-config={rc}", "--cov=pgrank", f"--cov-report=json:{report}"],
+                         "-k", "pgrank_in_a_child", f"--cov-config={rc}", "--cov=pgrank", f"--cov-report=json:{report}"],
                         cwd=folder)
     assert run["exit_code"] == 0 and run["counts"]["passed"] == 1, run
     totals = suite.coverage_totals(report)
@@ -120,7 +133,8 @@ def test_the_benchmarks_page_renders_the_record(suite, toy_run, tmp_path):
                            "packages": {"core": {"statements": 10, "covered_lines": 5, "percent": 50.0}}}}
     rendered = suite.render(record)
     assert "| `test_alpha.py` |" in rendered and "`test_alpha.py::test_waits_in_setup`" in rendered
-    assert "1 failed, 2 passed, 1 skipped" in rendered and "5 of the 10 statements" in rendered
+    assert "1 failed, 3 passed, 1 skipped" in rendered and "5 of the 10 statements" in rendered
+    assert "cores busy on average" in rendered and "| DVC | 1 |" in rendered  # the CPU time, and where it went
     out = tmp_path / "out"
     out.mkdir()
     (out / "test_suite.json").write_text(json.dumps(record, sort_keys=True))  # as bench/record.py writes it
@@ -132,7 +146,7 @@ def test_the_benchmarks_page_renders_the_record(suite, toy_run, tmp_path):
     assert "`bench/out/test_suite.json`" in section
     assert all(line in section for line in rendered.splitlines() if line.startswith("|"))
     files = [line.split(" | ") for line in section.splitlines() if line.startswith("| `test_") and ".py` |" in line]
-    seconds = [float(cells[1]) for cells in files if "::" not in cells[0]]
+    seconds = [float(cells[1]) for cells in files if "::" not in cells[0] and cells[-1].endswith("% |")]  # durations
     assert len(seconds) == 2 and seconds == sorted(seconds, reverse=True)  # the heaviest file first
 
 
