@@ -258,7 +258,9 @@ def render(record: dict) -> str:
     took = (f"{_minutes(suite['wall_s'])} from start to exit" if suite.get("wall_s") is not None else
             f"{_minutes(suite['pytest_s'])} by pytest's own clock, read from the run's log (`{suite['log']}`)")
     code = f"; exit code {suite['exit_code']}" if suite.get("exit_code") is not None else ""
-    lines = [f"`{suite['command']}` (the README's test command) on {cores} cores: {took}, against a goal of "
+    readme = suite["command"] == shlex.join(["python", *readme_command()[1:]])
+    what = "the README's test command" if readme else "the README's test command with more arguments"
+    lines = [f"`{suite['command']}` ({what}) on {cores} cores: {took}, against a goal of "
              f"{SUITE_GOAL_S // 60} minutes; {_passed(suite['counts'])}{code}.{_load(suite, cores)}{_cpu(suite, cores)}"]
     lines += _processes(suite.get("processes"))
     fast = record.get("fast")
