@@ -133,7 +133,7 @@ import atexit, json, os, resource, sys
 def _pgrank_suite_process():
     try:
         usage = resource.getrusage(resource.RUSAGE_SELF)
-        row = {"cpu_s": round(usage.ru_utime + usage.ru_stime, 3), "argv0": os.path.basename(sys.argv[0]) if sys.argv else "",
+        row = {"cpu_s": round(usage.ru_utime + usage.ru_stime, 3),
                "test": os.environ.get("PYTEST_CURRENT_TEST", "").split("::")[0],
                "imports": [m for m in HEAVY if m in sys.modules]}
         with open(os.environ["PGRANK_SUITE_PROCESSES"], "a", encoding="utf-8") as f:

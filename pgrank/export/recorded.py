@@ -21,8 +21,7 @@ from pathlib import Path
 
 from pgrank.config import Params, load_params
 from pgrank.errors import PgrankError
-from pgrank.paths import WORKSPACE_PARAMS as RECORD
-from pgrank.paths import Paths
+from pgrank.paths import WORKSPACE_PARAMS, Paths
 
 
 @dataclass(frozen=True)
@@ -59,7 +58,7 @@ def _check_overrides(composed: Params, recorded: Params, overrides: list[str], p
             continue  # where the workspace is, not how the run was made
         if not _same(_value(given, key), _value(kept, key), project, ws):
             raise PgrankError(f"--set {override}: the run in {ws} was made with {key}={_value(kept, key)!r} "
-                              f"({ws / RECORD}); export reads the run's own configuration: drop the --set")
+                              f"({ws / WORKSPACE_PARAMS}); export reads the run's own configuration: drop the --set")
 
 
 def recorded_run(params_file: Path, profile: str | None, overrides: list[str]) -> RecordedRun:
@@ -71,8 +70,8 @@ def recorded_run(params_file: Path, profile: str | None, overrides: list[str]) -
     project = params_file.parent
     composed = load_params(params_file, overrides, profile)
     ws = (project / composed.paths.root).resolve()
-    if (profile or overrides) and ws != project and (ws / RECORD).is_file():
-        recorded = load_params(ws / RECORD)
+    if (profile or overrides) and ws != project and (ws / WORKSPACE_PARAMS).is_file():
+        recorded = load_params(ws / WORKSPACE_PARAMS)
         _check_overrides(composed, recorded, overrides, project, ws)
-        return RecordedRun(recorded, Paths.from_config(recorded.paths, base=ws), ws / RECORD)
+        return RecordedRun(recorded, Paths.from_config(recorded.paths, base=ws), ws / WORKSPACE_PARAMS)
     return RecordedRun(composed, Paths.from_config(composed.paths, base=project), params_file)

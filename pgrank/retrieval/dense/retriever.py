@@ -117,7 +117,6 @@ class DenseRetriever:
         self._queries = QueryEmbeddings(paths.query_embeddings(embedding_key(query_ref, query_backend), max_seq_length))
         self._refs = {"query": (query_ref, query_backend), "document": (document_ref, backend)}  # loaded as resolved
         self._encoded = False
-        self._documents = {"documents": backend, "document_vectors": np.dtype(VECTORS).name}
         artifact = corpus_embedding_folder(document_ref, backend, paths, max_seq_length=max_seq_length,
                                            corpus_sha256=self.store.sha256)
         if candidates is not None and not (artifact / META).is_file():
@@ -154,7 +153,10 @@ class DenseRetriever:
         """How this retriever's figures were computed, as ``metrics.json`` records it (the model card states it):
         the backend its queries ran under (``None`` until it encoded some), its documents' backend and the precision
         their embeddings are stored at."""
-        return {"queries": self._refs["query"][1] if self._encoded else None, **self._documents}
+        from pgrank.retrieval.dense.corpus_embeddings import VECTORS
+
+        return {"queries": self._refs["query"][1] if self._encoded else None, "documents": self._refs["document"][1],
+                "document_vectors": np.dtype(VECTORS).name}
 
     def _document_model(self):
         from pgrank.models.backends import load_inference_encoder
